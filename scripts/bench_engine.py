@@ -1,0 +1,103 @@
+"""Benchmark the single-model engine against transformers `generate`.
+
+For each model: tokens/s of (a) our engine with 1 and with 16 concurrent requests and
+(b) transformers `generate`, one request at a time; outputs are checked to be equal
+(greedy). Also the share of each engine step spent outside the model forward
+(scheduling, page tables, sampling) at batch 16. Prints a table, writes JSON.
+
+    .venv/bin/python scripts/bench_engine.py [--models large,m30] [--out bench_results/engine.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from trd.engines.engine import Engine
+from trd.protocol import SamplingParams
+from trd.tinymodels.build import ensure_models
+
+PROMPT_LEN, NEW_TOKENS, CONCURRENT = 32, 128, 16
+
+
+def prompts(n: int) -> list[list[int]]:
+    return [[(31 * i + 7 * j) % 1900 + 40 for j in range(PROMPT_LEN)] for i in range(n)]
+
+
+def run_engine(path: Path, n: int) -> tuple[float, list[list[int]], float]:
+    engine = Engine(path, dtype="float32", kv_tokens=16384)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    engine.generate(prompts(1), SamplingParams(max_tokens=4))  # warm-up
+    engine.runner.model_seconds = 0.0
+    start = time.perf_counter()
+    outs = engine.generate(prompts(n), params)
+    wall = time.perf_counter() - start
+    overhead = 1 - engine.runner.model_seconds / wall
+    return n * NEW_TOKENS / wall, outs, overhead
+
+
+def run_transformers(path: Path, n: int) -> tuple[float, list[list[int]]]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generate(torch.tensor(prompts(1)), max_new_tokens=4, do_sample=False)  # warm-up
+    outs = []
+    start = time.perf_counter()
+    for p in prompts(n):
+        gen = model.generate(
+            torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+            do_sample=False, pad_token_id=0,
+        )  # fmt: skip
+        outs.append(gen[0, len(p) :].tolist())
+    wall = time.perf_counter() - start
+    return n * NEW_TOKENS / wall, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", default="large,m30", help="fixture names (default: large,m30)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    ap.add_argument("--out", type=Path, default=Path("bench_results/engine.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    names = args.models.split(",")
+    paths = ensure_models(names=names)
+    rows = []
+    for name in names:
+        tps1, out1, _ = run_engine(paths[name], 1)
+        tps16, out16, overhead = run_engine(paths[name], CONCURRENT)
+        hf1, ref1 = run_transformers(paths[name], 1)
+        hf_seq, ref16 = run_transformers(paths[name], CONCURRENT)
+        rows.append({
+            "model": name,
+            "engine_b1_tok_s": tps1,
+            "engine_b16_tok_s": tps16,
+            "hf_b1_tok_s": hf1,
+            "hf_sequential_tok_s": hf_seq,
+            "b1_ratio": tps1 / hf1,
+            "b16_vs_hf_sequential": tps16 / hf_seq,
+            "overhead_fraction_b16": overhead,
+            "outputs_equal": out1 == ref1 and out16 == ref16,
+        })  # fmt: skip
+    header = f"{'model':6} {'ours b1':>9} {'hf b1':>9} {'ratio':>6} {'ours b16':>9} {'hf seq':>9} "
+    header += f"{'ratio':>6} {'overhead':>8} {'equal':>5}"
+    print(f"tokens/s, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens, {args.threads} threads")
+    print(header)
+    for r in rows:
+        print(
+            f"{r['model']:6} {r['engine_b1_tok_s']:9.1f} {r['hf_b1_tok_s']:9.1f} "
+            f"{r['b1_ratio']:6.2f} "
+            f"{r['engine_b16_tok_s']:9.1f} {r['hf_sequential_tok_s']:9.1f} "
+            f"{r['b16_vs_hf_sequential']:6.2f} {r['overhead_fraction_b16']:8.1%} "
+            f"{r['outputs_equal']!s:>5}"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

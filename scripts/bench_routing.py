@@ -1,0 +1,192 @@
+"""Benchmark token routing across engine processes against the reference loop.
+
+Closed loop: N requests in flight (a finished one is replaced at once) over the
+small+large fixtures with R-Stitch; the threshold is calibrated so that roughly a
+quarter of the small model's positions escalate. Reports tokens/s, the large model's
+token fraction, handoffs per request, handoff latency (send -> runnable on the peer,
+excluding the peer's forward), and the reference loop's tokens/s on the same workload.
+
+    .venv/bin/python scripts/bench_routing.py [--n 1,4,16] [--max-tokens 128,512]
+
+`--thresholds` then runs N=16 twice more with the same requests: once with all
+delayed-batching thresholds at 1, then with the Markov model's recommendation computed
+from the live measurements of that first run, and reports the throughput ratio and
+per-request TPOT of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from trd.engines.engine import Engine
+from trd.engines.group import EngineGroup, run_closed_loop
+from trd.engines.spec import EngineSpec
+from trd.engines.tracker import Tracked
+from trd.policies.base import normalized_entropy
+from trd.protocol import SamplingParams
+from trd.reference import ReferenceRouter
+from trd.thresholds.live import recommend_live
+from trd.tinymodels.build import ensure_models
+from trd.tinymodels.corpus import corpus
+
+Job = tuple[list[int], SamplingParams]
+
+
+def make_jobs(tok_dir: Path, count: int, max_tokens: int, prompt_len: int = 64) -> list[Job]:
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    docs = [d for d in corpus("heldout") if len(d) > 4 * prompt_len]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return [(tok.encode(docs[i % len(docs)]).ids[:prompt_len], params) for i in range(count)]
+
+
+def calibrate_tau(small: Path, jobs: list[Job], escalate: float) -> float:
+    """The entropy quantile above which `escalate` of the small model's positions lie."""
+    engine = Engine(small, kv_tokens=8192)
+    probe = [(p, SamplingParams(max_tokens=48, ignore_eos=True)) for p, _ in jobs[:8]]
+    rids = [engine.add_request(p, sp) for p, sp in probe]
+    ents: list[float] = []
+    while engine.has_unfinished():
+        result = engine.forward()
+        assert result is not None
+        ents += normalized_entropy(result.forward.logits).tolist()
+        for req, token in zip(result.requests, result.tokens, strict=True):
+            engine.commit(req, [token])
+    assert rids
+    return float(np.quantile(ents, 1 - escalate))
+
+
+def summarize(results: list[Tracked], wall: float) -> dict[str, Any]:
+    tokens = sum(len(r.tokens) for r in results)
+    tpots = [t for r in results if (t := r.tpot) is not None]
+    large = sum(m == 1 for r in results for m in r.models)
+    lat = sorted(x for r in results for d in r.dones.values() for x in d.handoff_latencies.tolist())
+    handoffs = len(lat)
+    return {
+        "tokens": tokens,
+        "tok_s": tokens / wall,
+        "large_fraction": large / tokens,
+        "handoffs_per_request": handoffs / len(results),
+        "handoff_us_p50": 1e6 * statistics.median(lat) if lat else 0.0,
+        "handoff_us_p99": 1e6 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
+        "tpot_ms_p50": 1e3 * statistics.median(tpots) if tpots else 0.0,
+    }
+
+
+def compare_thresholds(group: EngineGroup, jobs: list[Job], n: int) -> dict[str, Any]:
+    """All-ones vs the Markov recommendation from the all-ones run's live figures."""
+    for spec in group.specs:
+        group.control(spec.model, {"op": "set_thresholds", "thresholds": [1], "max_wait_ms": 20})
+    start = time.perf_counter()
+    ones = summarize(run_closed_loop(group, jobs, n), time.perf_counter() - start)
+    time.sleep(1.0)  # let every engine publish its latest window
+    group.pump(timeout=0.1)
+    rec = recommend_live(group.stats, levels=(1, 2, 4, 8, n))
+    for spec in group.specs:
+        body = {"op": "set_thresholds", "thresholds": rec["table"][spec.model], "max_wait_ms": 20}
+        group.control(spec.model, body)
+    start = time.perf_counter()
+    tuned = summarize(run_closed_loop(group, jobs, n), time.perf_counter() - start)
+    return {
+        "n": n,
+        "recommended_table": rec["table"],
+        "recommended_at_n": next(lv for lv in rec["levels"] if lv["n"] == n),
+        "all_ones": ones,
+        "recommended": tuned,
+        "throughput_ratio": tuned["tok_s"] / ones["tok_s"],
+    }
+
+
+def run_reference(paths: list[Path], tau: float, jobs: list[Job]) -> dict[str, Any]:
+    ref = ReferenceRouter(paths, "rstitch", {"threshold": tau}, dtype="float32")
+    start = time.perf_counter()
+    traces = [ref.run(p, sp) for p, sp in jobs]
+    wall = time.perf_counter() - start
+    return {"tok_s": sum(len(t.tokens) for t in traces) / wall, "requests": len(jobs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--n", default="1,4,16", help="closed-loop concurrency levels")
+    ap.add_argument("--max-tokens", default="128,512", help="output lengths")
+    ap.add_argument("--requests", type=int, default=2, help="requests per unit of N (min 4)")
+    ap.add_argument("--escalate", type=float, default=0.25, help="target escalation fraction")
+    ap.add_argument("--ref-requests", type=int, default=3, help="requests for the reference")
+    ap.add_argument("--thresholds", action="store_true", help="compare Markov thresholds at N=16")
+    ap.add_argument("--out", type=Path, default=Path("bench_results/routing.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    models = ensure_models(names=("small", "large"))
+    paths = [models["small"], models["large"]]
+    levels = [int(x) for x in args.n.split(",")]
+    lengths = [int(x) for x in args.max_tokens.split(",")]
+    tau = calibrate_tau(paths[0], make_jobs(paths[0], 8, 48), args.escalate)
+    specs = [
+        EngineSpec(model=i, name=n, path=str(p), num_models=2, policy="rstitch",
+                   policy_params={"threshold": tau}, kv_tokens=65536, threads=1)
+        for i, (n, p) in enumerate(zip(("small", "large"), paths, strict=True))
+    ]  # fmt: skip
+    group = EngineGroup(specs)
+    group.start()
+    rows = []
+    cmp: dict[str, Any] | None = None
+    print(HEADER)
+    try:
+        for max_tokens in lengths:
+            ref = run_reference(paths, tau, make_jobs(paths[0], args.ref_requests, max_tokens))
+            for n in levels:
+                jobs = make_jobs(paths[0], max(4, args.requests * n), max_tokens)
+                start = time.perf_counter()
+                results = run_closed_loop(group, jobs, n)
+                row = {
+                    "n": n,
+                    "max_tokens": max_tokens,
+                    **summarize(results, time.perf_counter() - start),
+                }
+                row["reference_tok_s"] = ref["tok_s"]
+                row["speedup_vs_reference"] = row["tok_s"] / ref["tok_s"]
+                rows.append(row)
+                print_row(row)
+        if args.thresholds:
+            cmp = compare_thresholds(group, make_jobs(paths[0], 32, lengths[0]), 16)
+            for label in ("all_ones", "recommended"):
+                r = cmp[label]
+                print(
+                    f"N=16 {label:12} {r['tok_s']:8.1f} tok/s  TPOT p50 {r['tpot_ms_p50']:.2f} ms"
+                )
+            print(f"recommended table {cmp['recommended_table']}, "
+                  f"ratio {cmp['throughput_ratio']:.3f}")  # fmt: skip
+    finally:
+        group.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"tau": tau, "rows": rows, "thresholds": cmp}
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"rstitch tau={tau:.4f}; wrote {args.out}")
+
+
+HEADER = (
+    f"{'N':>3} {'max_tok':>7} {'tok/s':>8} {'large%':>7} {'hand/req':>8} "
+    f"{'p50 us':>8} {'p99 us':>9} {'TPOT ms':>7} {'ref tok/s':>9} {'speedup':>7}"
+)
+
+
+def print_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['n']:>3} {r['max_tokens']:>7} {r['tok_s']:8.1f} {100 * r['large_fraction']:6.1f}% "
+        f"{r['handoffs_per_request']:8.1f} {r['handoff_us_p50']:8.0f} {r['handoff_us_p99']:9.0f} "
+        f"{r['tpot_ms_p50']:7.2f} "
+        f"{r['reference_tok_s']:9.1f} {r['speedup_vs_reference']:7.1f}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Shared workload and policy settings for the routing tests (float64 throughout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from trd.engines.spec import EngineSpec
+from trd.protocol import SamplingParams
+from trd.reference import ReferenceRouter, Trace
+from trd.tinymodels.corpus import corpus
+
+MODEL_SETS = {2: ("small", "large"), 3: ("small", "mid", "large")}
+Job = tuple[list[int], SamplingParams]
+
+
+def prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:
+    """Held-out text cut into prompts of 4..60 tokens."""
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    docs = corpus("heldout")
+    out = []
+    for i in range(count):
+        ids = tok.encode(docs[i % len(docs)]).ids
+        out.append(ids[: 4 + (i * 7) % 57] or [1])
+    return out
+
+
+def jobs(tokenizer_dir: Path, count: int = 32) -> list[Job]:
+    """Outputs of 16..256 tokens; some stop at EOS, some sample with a seed."""
+    out = []
+    for i, prompt in enumerate(prompts(tokenizer_dir, count)):
+        max_tokens = 256 if i in (0, 1) else (16, 24, 32, 48)[i % 4]
+        sampled = i % 5 == 3
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            ignore_eos=i % 3 != 0,
+            temperature=0.8 if sampled else 0.0,
+            top_p=0.9 if sampled else 1.0,
+            seed=1000 + i if sampled else None,
+        )
+        out.append((prompt, params))
+    return out
+
+
+def specs(
+    paths: list[Path], policy: str, params: dict[str, Any], kv_tokens: int = 16384
+) -> list[EngineSpec]:
+    return [
+        EngineSpec(
+            model=i,
+            name=p.name,
+            path=str(p),
+            num_models=len(paths),
+            policy=policy,
+            policy_params=params,
+            dtype="float64",
+            kv_tokens=kv_tokens,
+            page_size=16,
+            max_batch_tokens=512,
+        )
+        for i, p in enumerate(paths)
+    ]
+
+
+_TRACES: dict[str, list[Trace]] = {}
+
+
+def reference(
+    paths: list[Path], policy: str, params: dict[str, Any], work: list[Job]
+) -> list[Trace]:
+    """Reference-loop traces for a workload, computed once per test session."""
+    key = json.dumps([[str(p) for p in paths], policy, params, [[p, repr(sp)] for p, sp in work]])
+    if key not in _TRACES:
+        ref = ReferenceRouter(paths, policy, params)
+        _TRACES[key] = [ref.run(p, sp) for p, sp in work]
+    return _TRACES[key]

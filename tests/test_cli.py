@@ -1,0 +1,64 @@
+"""trctl without a daemon: argument parsing, table rendering, unreachable admin API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trd.cli import AdminError, format_status, format_thresholds, main, parse_settings, request
+
+STATUS: dict[str, Any] = {
+    "state": "serving", "reason": "", "pid": 42, "uptime_s": 3725.0, "restarts": 1,
+    "model": "small+large", "active_requests": 3, "max_inflight": 256,
+    "policy": {"name": "rstitch", "threshold": 0.5}, "handoffs_per_s": 12.34,
+    "engines": [
+        {"model": 0, "name": "small", "pid": 43, "device": "cpu", "dtype": "float32",
+         "state": "ready", "kv_pages_used": 10, "kv_pages_free": 246, "running": 2,
+         "waiting": 0, "pending": 1, "tokens_per_s": 80.0, "handoffs_per_s": 12.34,
+         "batch_size_mean": 1.5, "thresholds": [1]},
+        {"model": 1, "name": "large", "pid": None, "device": "cpu", "dtype": "float32",
+         "state": "down", "kv_pages_used": None, "kv_pages_free": None, "running": None,
+         "waiting": None, "pending": None, "tokens_per_s": None, "handoffs_per_s": None,
+         "batch_size_mean": None, "thresholds": None},
+    ],
+    "thresholds": {"max_wait_ms": 20.0, "models": {}},
+    "memory_plan_table": "model  device\nsmall  cpu",
+}  # fmt: skip
+
+
+def test_status_table_shows_engines_rates_and_plan() -> None:
+    text = format_status(STATUS)
+    lines = text.splitlines()
+    assert lines[0].startswith("tokenrouterd pid 42: serving, model small+large, up 1h02m05s")
+    assert "policy rstitch threshold=0.5; active requests 3/256; handoffs 12.3/s" in lines[1]
+    small = next(line for line in lines if line.startswith("0 "))
+    assert small.split() == ["0", "small", "43", "cpu", "float32", "ready", "10", "246", "2",
+                             "0", "1", "80.0", "12.3", "1.5", "[1]"]  # fmt: skip
+    large = next(line for line in lines if line.startswith("1 "))
+    assert large.split()[2] == "-" and "down" in large
+    assert text.endswith("memory plan:\nmodel  device\nsmall  cpu")
+
+
+def test_thresholds_table() -> None:
+    view = {"max_wait_ms": 5.0, "models": {"large": {"set": [1, 2], "engine": [1, 2]}}}
+    assert format_thresholds(view).splitlines()[1].split() == ["large", "[1,", "2]", "[1,", "2]"]
+
+
+def test_parse_settings() -> None:
+    assert parse_settings(["small=1", "large=1,2,4"]) == {"small": [1], "large": [1, 2, 4]}
+    for bad in ("small", "=1", "large=1,x", "large=0", "large="):
+        with pytest.raises(AdminError, match="MODEL=B"):
+            parse_settings([bad])
+
+
+def test_unreachable_admin_api_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(AdminError, match="cannot reach the admin API"):
+        request(f"unix:{tmp_path}/none.sock", "GET", "/status")
+    with pytest.raises(AdminError, match="not host:port"):
+        request("localhost", "GET", "/status")
+    assert main(["--admin", f"unix:{tmp_path}/none.sock", "status"]) == 1
+    assert "trctl: cannot reach the admin API" in capsys.readouterr().err

@@ -1,0 +1,181 @@
+"""Config loading: defaults, the example config, and every bad value named with its key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trd.config import Address, Config, ConfigError, from_dict, load_config
+from trd.daemon import EXIT_CONFIG
+from trd.daemon import main as daemon_main
+from trd.launch import plan_launch, resolve_device
+from trd.memplan.plan import PlanError
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "systemd" / "config.example.yaml"
+
+
+@pytest.fixture
+def raw(tiny_models: dict[str, Path]) -> dict[str, Any]:
+    return {
+        "device": "cpu",
+        "models": [
+            {"name": "small", "path": str(tiny_models["small"]), "dtype": "float32"},
+            {"name": "large", "path": str(tiny_models["large"])},
+        ],
+    }
+
+
+def test_defaults_fill_a_minimal_config(raw: dict[str, Any]) -> None:
+    cfg = from_dict(raw, Path("/"))
+    assert cfg.listen == Address("127.0.0.1", 8000)
+    assert cfg.admin.is_loopback
+    assert [(m.name, m.dtype) for m in cfg.models] == [("small", "float32"), ("large", "bfloat16")]
+    assert cfg.max_model_len == 4096  # the fixtures' max_position_embeddings
+    assert (cfg.policy, cfg.max_retries, cfg.grace_s) == ("rstitch", 3, 30.0)
+    assert cfg.threads() >= 1
+
+
+def test_example_config_is_valid_with_real_model_paths(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    for m in data["models"]:
+        m["path"] = str(tiny_models[m["name"]])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    cfg = load_config(path)
+    assert str(cfg.admin) == "unix:/run/tokenrouterd/admin.sock"
+    assert cfg.policy_params == {"threshold": 0.03}
+    assert cfg.thresholds == {"small": (1,), "large": (1, 2, 4)}
+
+
+def test_relative_model_paths_are_taken_from_the_config_folder(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    shutil.copytree(tiny_models["small"], tmp_path / "models" / "small")
+    (tmp_path / "c.yaml").write_text("models: [{name: s, path: models/small}]\n")
+    assert load_config(tmp_path / "c.yaml").models[0].path == tmp_path / "models" / "small"
+
+
+def _set(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    *parents, last = dotted.split(".")
+    node: Any = out
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node.setdefault(p, {})
+    node[int(last) if last.isdigit() else last] = value
+    return out
+
+
+BAD = [  # (key to set, value, expected start of the message)
+    ("listen", "localhost", "listen: 'localhost'"),
+    ("listen", "127.0.0.1:70000", "listen: '127.0.0.1:70000'"),
+    ("listen", "unix:/tmp/x.sock", "listen: 'unix:/tmp/x.sock'"),
+    ("admin", "0.0.0.0:8001", "admin: '0.0.0.0:8001': the admin API must listen on loopback"),
+    ("admin", "unix:run/admin.sock", "admin: 'unix:run/admin.sock': the unix socket path"),
+    ("device", "tpu", "device: 'tpu'"),
+    ("mps", "maybe", "mps: 'maybe'"),
+    ("memory.fraction", 1.5, "memory.fraction: 1.5: must be <= 1"),
+    ("memory.budget_gib", -1, "memory.budget_gib: -1"),
+    ("memory.max_kv_tokens", 0, "memory.max_kv_tokens: 0"),
+    ("memory.budget", 3, "memory.budget: 3: unknown key"),
+    ("max_model_len", 100000, "max_model_len: 100000: exceeds the models' smallest context"),
+    ("max_model_len", "long", "max_model_len: 'long': expected an integer"),
+    ("max_inflight", 0, "max_inflight: 0: must be >= 1"),
+    ("models", [], "models: []: at least one model"),
+    ("models.0.dtype", "int8", "models[0].dtype: 'int8'"),
+    ("models.1.path", "/nonexistent/model", "models[1].path: '/nonexistent/model': not a servable"),
+    ("models.1.name", "small", "models[1].name: 'small': duplicate model name"),
+    ("models.0.gpu", 1, "models[0].gpu: 1: unknown key"),
+    ("policy.name", "nope", "policy.name: 'nope': expected one of"),
+    ("batching.thresholds", {"huge": [1]}, "batching.thresholds.huge: [1]: no such model"),
+    ("batching.thresholds", {"large": [0, 2]}, "batching.thresholds.large: [0, 2]"),
+    ("batching.max_wait_ms", -5, "batching.max_wait_ms: -5"),
+    ("engine.page_size", 0, "engine.page_size: 0: must be >= 1"),
+    ("engine.threads", "many", "engine.threads: 'many'"),
+    ("engine.pag_size", 16, "engine.pag_size: 16: unknown key"),
+    ("shutdown.grace_s", "soon", "shutdown.grace_s: 'soon': expected a number"),
+    ("restart.max_retries", -1, "restart.max_retries: -1: must be >= 0"),
+    ("lisen", "127.0.0.1:8000", "lisen: '127.0.0.1:8000': unknown key"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])
+def test_bad_values_name_key_value_and_reason(
+    raw: dict[str, Any], key: str, value: Any, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        from_dict(_set(raw, key, value), Path("/"))
+    assert str(err.value).startswith(message)
+
+
+def test_models_must_share_a_vocabulary(raw: dict[str, Any], tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(raw["models"][1]["path"], other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "vocab_size": 4096}))
+    with pytest.raises(ConfigError, match=r"models\[1\]\.path: .*vocab size 4096 differs"):
+        from_dict(_set(raw, "models.1.path", str(other)), Path("/"))
+
+
+def test_unreadable_or_non_mapping_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"config: \[1, 2\]: expected a mapping"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("models: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "broken.yaml")
+
+
+def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, Path]) -> None:
+    cfg = Config.demo(tiny_models, 9000)
+    assert [m.name for m in cfg.models] == ["small", "large"]
+    assert (cfg.policy, cfg.device, str(cfg.listen), str(cfg.admin)) == (
+        "rstitch", "cpu", "127.0.0.1:9000", "127.0.0.1:9001",
+    )  # fmt: skip
+
+
+def test_plan_caps_cpu_kv_and_sizes_every_engine(raw: dict[str, Any]) -> None:
+    raw = {**raw, "max_model_len": 512, "memory": {"max_kv_tokens": 1000}}
+    cfg = from_dict(raw, Path("/"))
+    launch = plan_launch(cfg)
+    assert launch.device == "cpu"
+    # 1000 tokens rounded down to whole 16-token pages, the same for every model.
+    assert [s.kv_tokens for s in launch.specs] == [992, 992]
+    assert [s.model for s in launch.specs] == [0, 1]
+    assert launch.specs[1].thresholds == (1,)
+
+
+def test_plan_refuses_a_budget_too_small_for_one_request(raw: dict[str, Any]) -> None:
+    cfg = from_dict(_set(raw, "memory", {"budget_gib": 0.001}), Path("/"))
+    with pytest.raises(PlanError, match="do not fit"):
+        plan_launch(cfg)
+
+
+def test_a_gpu_device_without_a_gpu_is_an_error() -> None:
+    assert resolve_device("auto", []) == "cpu"
+    with pytest.raises(ConfigError, match="device: 'cuda:1': NVML reports no such GPU"):
+        resolve_device("cuda:1", [])
+
+
+def test_check_prints_the_plan_and_bad_configs_exit_2(
+    raw: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({**raw, "max_model_len": 256}))
+    assert daemon_main(["--check", "--config", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("config OK: 2 models on cpu, policy rstitch, max_model_len 256")
+    assert "KV tokens" in out and "small" in out and "large" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**raw, "engine": {"page_size": -4}}))
+    assert daemon_main(["--check", "--config", str(bad)]) == EXIT_CONFIG
+    assert "engine.page_size: -4: must be >= 1" in capsys.readouterr().err

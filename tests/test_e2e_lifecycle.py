@@ -1,0 +1,190 @@
+"""The daemon's life: systemd notifications, an engine killed with SIGKILL, SIGTERM drain.
+
+Every scenario is bounded in time: a request must end (complete or a clean error)
+and the process must exit within limits, leaving no shared-memory segment behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from safetensors.torch import load_file, save_file
+
+from trd.cli import request
+
+from daemon_fixture import Daemon, shm_segments, start_daemon, write_config
+
+STREAM: dict[str, Any] = {"temperature": 0, "stream": True, "extra_body": {"ignore_eos": True}}
+
+
+class NotifyListener:
+    """A unix datagram socket standing in for systemd's $NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.path = path
+        self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.messages.append(self.sock.recv(4096).decode())
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def notify(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotifyListener]:
+    listener = NotifyListener(tmp_path_factory.mktemp("notify") / "notify.sock")
+    yield listener
+    listener.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], notify: NotifyListener
+) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("e2e_lifecycle")
+    extra = {"restart": {"max_retries": 1, "backoff_s": 0.2}, "shutdown": {"grace_s": 3}}
+    d = start_daemon(
+        write_config(tmp, tiny_models, ["small", "large"], **extra),
+        env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "400000"},
+    )
+    yield d
+    d.stop()
+
+
+def stream_text(d: Daemon, max_tokens: int, started: threading.Barrier | None = None) -> str:
+    """Run one streamed completion; returns its text. Waits at `started` after the first chunk."""
+    stream = d.client().completions.create(
+        model=d.model, prompt="def main(", max_tokens=max_tokens, **STREAM
+    )
+    text = ""
+    for i, chunk in enumerate(stream):
+        if chunk.choices:
+            text += chunk.choices[0].text
+        if i == 0 and started is not None:
+            started.wait(30)
+    return text
+
+
+def test_systemd_hears_ready_status_and_watchdog(daemon: Daemon, notify: NotifyListener) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sum("WATCHDOG=1" in m for m in notify.messages) < 2:
+        time.sleep(0.1)
+    ready = [m for m in notify.messages if "READY=1" in m]
+    assert ready and "STATUS=serving small+large" in ready[0]
+    assert sum("WATCHDOG=1" in m for m in notify.messages) >= 2
+
+
+def test_killed_engine_fails_its_requests_and_the_daemon_recovers(daemon: Daemon) -> None:
+    large = request(daemon.admin, "GET", "/status")["engines"][1]
+    started = threading.Barrier(3)
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(stream_text, daemon, 400, started) for _ in range(2)]
+        started.wait(30)
+        os.kill(large["pid"], signal.SIGKILL)
+        for fut in running:
+            with pytest.raises(openai.APIError, match="died"):
+                fut.result(timeout=30)
+    daemon.wait_health(200, timeout=90)
+    status = request(daemon.admin, "GET", "/status")
+    assert status["restarts"] == 1
+    assert all(e["state"] == "ready" for e in status["engines"])
+    assert status["engines"][1]["pid"] != large["pid"]
+    assert stream_text(daemon, 8)
+    # Only the new engine group's rings (and counters) exist.
+    prefixes = {"-".join(n.split("-")[:3]) for n in shm_segments(daemon.proc.pid)}
+    assert len(prefixes) == 1, prefixes
+
+
+def test_sigterm_during_8_streams_drains_and_exits_0(
+    daemon: Daemon, notify: NotifyListener
+) -> None:
+    lengths = [8, 8, 8, 8, 480, 480, 480, 480]  # short ones finish in the grace period
+    started = threading.Barrier(len(lengths) + 1)
+
+    def outcome(n: int) -> str:
+        try:
+            return "complete" if stream_text(daemon, n, started) else "empty"
+        except openai.APIError as exc:
+            return f"error: {exc.message}"
+
+    with ThreadPoolExecutor(len(lengths)) as pool:
+        futures = [pool.submit(outcome, n) for n in lengths]
+        started.wait(60)
+        daemon.proc.send_signal(signal.SIGTERM)
+        results = [f.result(timeout=60) for f in futures]
+    assert daemon.proc.wait(60) == 0, daemon.log()
+    assert results[:4] == ["complete"] * 4
+    for r in results[4:]:
+        assert r == "complete" or "shutting down" in r, r
+    assert any("STOPPING=1" in m for m in notify.messages)
+    assert shm_segments(daemon.proc.pid) == []
+
+
+def test_killed_engine_without_retries_exits_non_zero(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    d = start_daemon(write_config(tmp_path, tiny_models, ["small"], restart={"max_retries": 0}))
+    try:
+        pid = request(d.admin, "GET", "/status")["engines"][0]["pid"]
+        started = threading.Barrier(2)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(stream_text, d, 480, started)
+            started.wait(30)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(openai.APIError, match="died"):
+                running.result(timeout=30)
+        assert d.proc.wait(30) == 1
+        assert "giving up after 0 restart(s)" in d.log()
+        assert shm_segments(d.proc.pid) == []
+    finally:
+        d.stop()
+
+
+def test_engine_that_fails_to_start_is_named_with_its_last_log_lines(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_models["small"], broken)
+    weights = load_file(broken / "model.safetensors")
+    weights["model.norm.wrong"] = weights.pop("model.norm.weight")  # headers still plan fine
+    save_file(weights, broken / "model.safetensors")
+    config = write_config(tmp_path, {"broken": broken}, ["broken"])
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trd.daemon", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    assert proc.wait(120) == 1, log_path.read_text()
+    text = log_path.read_text()
+    error = text[text.index("engine 'broken' failed to start") :]
+    assert "missing: ['model.norm.weight']" in error
+    assert "last log lines of engine 'broken':" in error
+    assert "ERROR engine[broken] failed to start" in error.split("last log lines")[1]
+    assert shm_segments(proc.pid) == []

@@ -1,0 +1,306 @@
+"""The real daemon (two engine processes, float64) driven by the official openai client.
+
+Greedy outputs must equal the routing oracle (trd.reference) token for token: the text
+and how many tokens each model produced; streamed text must equal non-streamed text;
+all of it with several clients at once.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from trd.protocol import SamplingParams
+from trd.reference import ReferenceRouter
+
+from daemon_fixture import SCHEDULE, Daemon, launch_daemon, wait_serving, write_config
+
+NAMES = ["small", "large"]
+PROMPTS = ["def parse(", "The quick brown fox", "import os\n\n", "class Config:\n    "]
+CHAT = [{"role": "user", "content": "Write a function that adds two numbers."}]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def launched(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
+) -> Iterator[Daemon]:
+    """The daemon process, still loading its engines (the oracle runs meanwhile)."""
+    tmp = tmp_path_factory.mktemp("e2e_openai")
+    d = launch_daemon(write_config(tmp, tiny_models, NAMES, dtype="float64"))
+    yield d
+    assert d.stop() == 0, d.log()
+
+
+@pytest.fixture(scope="module")
+def daemon(launched: Daemon, oracle: dict[str, tuple[str, dict[str, int]]]) -> Daemon:
+    return wait_serving(launched)
+
+
+@pytest.fixture(scope="module")
+def oracle(launched: Daemon, tiny_models: dict[str, Path]) -> dict[str, tuple[str, dict[str, int]]]:
+    """Expected text and tokens per model for each prompt (and the chat) from the oracle.
+
+    It depends on `launched` only to run while the daemon loads its engines."""
+    tok = AutoTokenizer.from_pretrained(tiny_models["small"])
+    ref = ReferenceRouter([tiny_models[n] for n in NAMES], "scripted", {"schedule": SCHEDULE})
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    chat_text = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    inputs = {p: tok.encode(p) for p in PROMPTS}
+    inputs["<chat>"] = tok.encode(chat_text, add_special_tokens=False)
+    out = {}
+    for key, ids in inputs.items():
+        trace = ref.run(ids, params)
+        counts = {n: trace.models.count(i) for i, n in enumerate(NAMES)}
+        out[key] = (tok.decode(trace.tokens, skip_special_tokens=True), counts)
+    return out
+
+
+GREEDY: dict[str, Any] = {
+    "temperature": 0,
+    "max_tokens": MAX_TOKENS,
+    "extra_body": {"ignore_eos": True},
+}
+
+
+def completion(d: Daemon, prompt: str, stream: bool) -> tuple[str, dict[str, Any]]:
+    client = d.client()
+    if not stream:
+        r = client.completions.create(model=d.model, prompt=prompt, **GREEDY)
+        extra = r.model_extra or {}
+        return r.choices[0].text, {
+            "usage": r.usage.model_dump(),
+            **extra,
+            "finish": r.choices[0].finish_reason,
+        }
+    chunks = list(
+        client.completions.create(
+            model=d.model,
+            prompt=prompt,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    last = chunks[-1]
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    return text, {"usage": last.usage.model_dump(), **(last.model_extra or {}), "finish": finish[0]}
+
+
+def chat(d: Daemon, stream: bool) -> tuple[str, dict[str, Any]]:
+    client = d.client()
+    if not stream:
+        r = client.chat.completions.create(model=d.model, messages=CHAT, **GREEDY)
+        extra = r.model_extra or {}
+        return r.choices[0].message.content or "", {"usage": r.usage.model_dump(), **extra}
+    chunks = list(
+        client.chat.completions.create(
+            model=d.model,
+            messages=CHAT,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, {"usage": chunks[-1].usage.model_dump(), **(chunks[-1].model_extra or {})}
+
+
+def test_concurrent_clients_get_the_oracle_output_streamed_or_not(
+    daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]]
+) -> None:
+    jobs = [(p, s) for p in PROMPTS for s in (False, True)] + [("<chat>", False), ("<chat>", True)]
+
+    def run(job: tuple[str, bool]) -> tuple[str, dict[str, Any]]:
+        key, stream = job
+        return chat(daemon, stream) if key == "<chat>" else completion(daemon, key, stream)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    for (key, stream), (text, info) in zip(jobs, results, strict=True):
+        want_text, want_counts = oracle[key]
+        assert text == want_text, (key, stream)
+        assert info["tokens_per_model"] == want_counts, (key, stream)
+        assert all(want_counts[n] > 0 for n in NAMES), "the schedule must use every model"
+        assert info["usage"]["completion_tokens"] == MAX_TOKENS
+        assert info["usage"]["total_tokens"] == info["usage"]["prompt_tokens"] + MAX_TOKENS
+
+
+def test_stop_string_cuts_the_text_streamed_and_not(
+    daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]]
+) -> None:
+    full = oracle[PROMPTS[1]][0]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    want = full[: full.index(stop)]
+    client = daemon.client()
+    r = client.completions.create(
+        model=daemon.model, prompt=PROMPTS[1], stop=[stop, "\x00never"], **GREEDY
+    )
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (want, "stop")
+    chunks = list(
+        client.completions.create(
+            model=daemon.model, prompt=PROMPTS[1], stop=[stop], stream=True, **GREEDY
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_models_health_and_metrics(daemon: Daemon) -> None:
+    models = daemon.client().models.list()
+    assert [m.id for m in models.data] == ["small+large"]
+    assert daemon.get("/health") == (200, {"status": "ok"})
+    status, text = daemon.get("/metrics")
+    assert status == 200
+    produced = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("trd_generated_tokens_total{")
+    }
+    assert produced["small"] > 0 and produced["large"] > 0
+    for name in (
+        "trd_time_to_first_token_seconds_count",
+        "trd_e2e_request_latency_seconds_count",
+        "trd_kv_pages_used{",
+        "trd_engine_queue_depth{",
+        "trd_handoffs_total{",
+    ):
+        assert name in text, name
+
+
+def raw_post(d: Daemon, path: str, body: bytes, timeout: float = 30) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        d.url + path, data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _body(**fields: Any) -> bytes:
+    return json.dumps(
+        {"model": "small+large", "prompt": "def f(", "max_tokens": 4, **fields}
+    ).encode()
+
+
+BAD = {
+    "malformed json": (b'{"model": "small+large", "prompt": ', 400, None),
+    "prompt of wrong type": (_body(prompt={"text": "x"}), 400, "prompt"),
+    "max_tokens of wrong type": (_body(max_tokens="ten"), 400, "max_tokens"),
+    "temperature out of range": (_body(temperature=7), 400, "temperature"),
+    "unknown field": (_body(frobnicate=1), 400, "frobnicate"),
+    "unknown model": (_body(model="gpt-5"), 404, "model"),
+    "max_tokens zero": (_body(max_tokens=0), 400, "max_tokens"),
+    "max_tokens negative": (_body(max_tokens=-3), 400, "max_tokens"),
+    "prompt longer than the context": (_body(prompt=[5] * 600), 400, "prompt"),
+    "prompt + max_tokens beyond the context": (
+        _body(prompt=[5] * 500, max_tokens=50),
+        400,
+        "max_tokens",
+    ),
+    "100 stop strings": (_body(stop=[f"s{i}" for i in range(100)]), 400, "stop"),
+    "n=2": (_body(n=2), 400, "n"),
+    "10 MB body": (_body(prompt="x" * (10 << 20)), 413, None),
+}
+
+
+def test_bad_requests_get_openai_errors_while_a_good_stream_runs(
+    daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]]
+) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        good = pool.submit(completion, daemon, PROMPTS[0], True)
+        for name, (body, status, param) in BAD.items():
+            got, answer = raw_post(daemon, "/v1/completions", body)
+            assert got == status, (name, answer)
+            err = answer["error"]
+            assert set(err) == {"message", "type", "param", "code"}, name
+            assert err["message"] and err["param"] == param, (name, err)
+        assert good.result(timeout=60)[0] == oracle[PROMPTS[0]][0]
+    got, answer = raw_post(
+        daemon,
+        "/v1/chat/completions",
+        json.dumps({"model": "small+large", "messages": "hi"}).encode(),
+    )
+    assert got == 400 and answer["error"]["param"] == "messages"
+    with pytest.raises(openai.NotFoundError):
+        daemon.client().chat.completions.create(model="nope", messages=CHAT)
+
+
+def admin_status(d: Daemon) -> dict[str, Any]:
+    from trd.cli import request
+
+    return request(d.admin, "GET", "/status")
+
+
+def committed(status: dict[str, Any]) -> int:
+    return sum(e.get("tokens_committed") or 0 for e in status["engines"])
+
+
+def test_client_that_disconnects_mid_stream_frees_its_pages(daemon: Daemon) -> None:
+    max_tokens = 400
+    body = json.loads(_body(max_tokens=max_tokens, stream=True, ignore_eos=True, temperature=0))
+    payload = json.dumps(body).encode()
+    before = committed(admin_status(daemon))
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
+        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+        seen = b""
+        while seen.count(b"data: ") < 3:
+            seen += sock.recv(65536)
+        assert admin_status(daemon)["active_requests"] == 1
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        s = admin_status(daemon)
+        idle = all(e["kv_pages_used"] == 0 and e["running"] == 0 for e in s["engines"])
+        if s["active_requests"] == 0 and idle:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"pages not freed after the client left: {s['engines']}")
+    # Aborted, not run to the end: the engines committed fewer than max_tokens for it.
+    assert committed(s) - before < max_tokens
+
+
+def test_trctl_status_and_thresholds(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    from trd.cli import main
+
+    assert main(["--admin", daemon.admin, "status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert [(e["name"], e["dtype"], e["device"], e["state"]) for e in status["engines"]] == [
+        ("small", "float64", "cpu", "ready"),
+        ("large", "float64", "cpu", "ready"),
+    ]
+    assert status["engines"][1]["path"].endswith("large")
+    assert status["policy"] == {"name": "scripted", "schedule": SCHEDULE}
+    assert status["memory_plan"]["models"][0]["pages"] == status["engines"][0]["kv_pages_total"]
+    assert main(["--admin", daemon.admin, "status"]) == 0
+    table = capsys.readouterr().out
+    assert "small" in table and "large" in table and "memory plan:" in table
+    assert (
+        main(["--admin", daemon.admin, "thresholds", "--set", "large=1,2", "--max-wait-ms", "5"])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["--admin", daemon.admin, "thresholds", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["models"]["large"] == {"set": [1, 2], "engine": [1, 2]}
+    assert view["max_wait_ms"] == 5
+    assert main(["--admin", daemon.admin, "thresholds", "--set", "huge=1"]) == 1
+    assert "no model 'huge'" in capsys.readouterr().err

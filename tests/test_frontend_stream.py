@@ -1,0 +1,75 @@
+"""Incremental detokenization and stop strings over the fixture byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from trd.frontend.stream import TextStream
+
+TEXT = "héllo wörld 🙂 日本語 — naïve café"
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_models: dict[str, Path]) -> Tokenizer:
+    return Tokenizer.from_file(str(tiny_models["small"] / "tokenizer.json"))
+
+
+def feed(stream: TextStream, ids: list[int]) -> list[str]:
+    return [stream.push([i]) for i in ids] + [stream.finish()]
+
+
+def test_multibyte_characters_split_across_tokens_never_leak_replacement_chars(
+    tok: Tokenizer,
+) -> None:
+    ids = tok.encode(TEXT).ids
+    # The fixture splits these characters into byte tokens that decode to U+FFFD alone.
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+    deltas = feed(TextStream(tok), ids)
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == TEXT
+
+
+def test_chunks_of_several_tokens_give_the_same_text(tok: Tokenizer) -> None:
+    ids = tok.encode(TEXT).ids
+    stream = TextStream(tok)
+    out = [stream.push(ids[i : i + 3]) for i in range(0, len(ids), 3)]
+    assert "".join([*out, stream.finish()]) == TEXT
+
+
+def test_special_tokens_are_not_shown(tok: Tokenizer) -> None:
+    ids = [*tok.encode("abc").ids, 0, *tok.encode(" def").ids]  # 0 = <|endoftext|>
+    assert "".join(feed(TextStream(tok), ids)) == "abc def"
+
+
+def test_stop_string_across_token_boundaries_is_cut_and_never_leaked(tok: Tokenizer) -> None:
+    text = "alpha beta\nSTOPHERE gamma delta"
+    ids = tok.encode(text).ids
+    stream = TextStream(tok, ["HERE g"])
+    sent = ""
+    for i in ids:
+        sent += stream.push([i])
+        # Never a character past the cut, not even one that might begin the stop string.
+        assert "alpha beta\nSTOP".startswith(sent)
+        if stream.stopped:
+            break
+    assert stream.stopped
+    assert sent + stream.finish() == "alpha beta\nSTOP"
+    assert stream.push(tok.encode(" more").ids) == ""
+
+
+def test_earliest_stop_string_wins(tok: Tokenizer) -> None:
+    stream = TextStream(tok, ["gamma", "beta"])
+    out = "".join(feed(stream, tok.encode("alpha beta gamma").ids))
+    assert out == "alpha " and stream.stopped
+
+
+def test_held_back_prefix_is_released_when_no_stop_follows(tok: Tokenizer) -> None:
+    stream = TextStream(tok, ["xyz!"])
+    ids = tok.encode("abc xy").ids
+    released = "".join(stream.push([i]) for i in ids)
+    assert released == "abc "  # "xy" could still become "xyz!"
+    assert stream.finish() == "xy"
+    assert not stream.stopped

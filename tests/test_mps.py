@@ -1,0 +1,182 @@
+"""The managed MPS control daemon, against Debian's real nvidia-cuda-mps-control.
+
+The control daemon starts, answers and quits without a GPU (only its MPS
+servers need one), so these tests run it for real. The package is fetched once
+by scripts/fetch_mps.sh into .cache/mps/ without installing anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trd.devices import GpuInfo
+from trd.mps import manager as manager_mod
+from trd.mps.manager import MpsError, MpsManager, daemon_pid, is_running
+from trd.mps.resolve import resolve_mps
+
+REPO = Path(__file__).resolve().parents[1]
+GPU = GpuInfo(0, "NVIDIA H100 80GB HBM3", 85_520_809_984, 84_000_000_000)
+
+
+@pytest.fixture(scope="session")
+def mps_binary() -> str:
+    script = REPO / "scripts" / "fetch_mps.sh"
+    try:
+        done = subprocess.run(
+            [str(script), str(REPO / ".cache" / "mps")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip("fetching nvidia-cuda-mps timed out")
+    if done.returncode != 0:
+        pytest.skip(f"cannot fetch nvidia-cuda-mps: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def manager(tmp_path: Path, mps_binary: str) -> Iterator[MpsManager]:
+    mps = MpsManager(tmp_path, mps_binary, active_thread_percentage={"large": 60})
+    yield mps
+    mps.stop()
+
+
+def _start_by_hand(runtime_dir: Path, binary: str) -> int:
+    """Start a control daemon the way a crashed earlier tokenrouterd left one running."""
+    pipe, log = runtime_dir / "mps" / "pipe", runtime_dir / "mps" / "log"
+    pipe.mkdir(parents=True)
+    log.mkdir()
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(log)}
+    subprocess.run([binary, "-d"], env=env, check=True, timeout=10)
+    for _ in range(100):
+        pid = daemon_pid(pipe)
+        if pid is not None:
+            return pid
+        time.sleep(0.05)
+    raise AssertionError("hand-started daemon never listened")
+
+
+def test_start_answers_and_stop_cleans_up(manager: MpsManager, tmp_path: Path) -> None:
+    manager.start()
+    for d in (tmp_path / "mps", tmp_path / "mps" / "pipe", tmp_path / "mps" / "log"):
+        assert d.is_dir()
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert (tmp_path / "mps" / "log" / "control.log").is_file()
+    pid = daemon_pid(manager.pipe_dir)
+    assert pid is not None and is_running(pid)
+    assert "nvidia-cuda-mps-control" in Path(f"/proc/{pid}/cmdline").read_text()
+    # No CUDA client has connected, so the daemon has started no server.
+    assert manager.query("get_server_list") == ""
+    assert manager.query("get_default_active_thread_percentage").strip() == "100.0"
+
+    manager.stop()
+    assert not is_running(pid)
+    assert not (tmp_path / "mps").exists()
+    manager.stop()  # idempotent
+
+
+def test_engine_env(tmp_path: Path) -> None:
+    mps = MpsManager(tmp_path, active_thread_percentage={"large": 60})
+    base = {
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps" / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps" / "log"),
+    }
+    assert mps.engine_env("small") == base
+    assert mps.engine_env("large") == {**base, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60"}
+
+
+def test_stale_daemon_is_replaced(manager: MpsManager, tmp_path: Path, mps_binary: str) -> None:
+    stale = _start_by_hand(tmp_path, mps_binary)
+    manager.start()
+    assert not is_running(stale)
+    pid = daemon_pid(manager.pipe_dir)
+    assert pid is not None and pid != stale and is_running(pid)
+    assert manager.query("get_server_list") == ""
+
+
+def test_hung_stale_daemon_is_killed(
+    manager: MpsManager, tmp_path: Path, mps_binary: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manager_mod, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(manager_mod, "QUIT_TIMEOUT_S", 0.5)
+    stale = _start_by_hand(tmp_path, mps_binary)
+    os.kill(stale, signal.SIGSTOP)  # it can no longer answer `quit`
+    manager.start()
+    assert not is_running(stale)
+    assert daemon_pid(manager.pipe_dir) not in (None, stale)
+
+
+def test_leftover_socket_of_dead_daemon(
+    manager: MpsManager, tmp_path: Path, mps_binary: str
+) -> None:
+    dead = _start_by_hand(tmp_path, mps_binary)
+    os.kill(dead, signal.SIGKILL)
+    assert (manager.pipe_dir / "control").exists()
+    manager.start()
+    assert daemon_pid(manager.pipe_dir) not in (None, dead)
+
+
+def test_errors_name_command_exit_code_and_output(tmp_path: Path, mps_binary: str) -> None:
+    mps = MpsManager(tmp_path, mps_binary)
+    mps.pipe_dir.mkdir(parents=True)
+    with pytest.raises(MpsError) as info:
+        mps.query("get_server_list")
+    assert str(info.value) == (
+        f"{mps_binary} <<< 'get_server_list': exit code 1: Cannot find MPS control daemon process"
+    )
+
+
+def test_missing_binary_fails_start_and_cleans_up(tmp_path: Path) -> None:
+    mps = MpsManager(tmp_path, "/nonexistent/nvidia-cuda-mps-control")
+    with pytest.raises(MpsError, match="/nonexistent/nvidia-cuda-mps-control not found"):
+        mps.start()
+    assert not (tmp_path / "mps").exists()
+
+
+def test_bad_settings_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'large' must be 1\.\.100: 0"):
+        MpsManager(tmp_path, active_thread_percentage={"large": 0})
+    with pytest.raises(MpsError, match="exceeds 107 bytes"):
+        MpsManager(tmp_path / ("x" * 100))
+
+
+def test_resolve_off_never_uses_mps() -> None:
+    assert resolve_mps("off", [GPU], "/usr/bin/nvidia-cuda-mps-control") is False
+
+
+def test_resolve_auto(caplog: pytest.LogCaptureFixture) -> None:
+    binary = "/usr/bin/nvidia-cuda-mps-control"
+    assert resolve_mps("auto", [GPU], binary) is True
+    with caplog.at_level(logging.INFO, logger="trd.mps.resolve"):
+        assert resolve_mps("auto", [], binary) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "MPS not used (mps: auto): no GPU found by NVML"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trd.mps.resolve"):
+        assert resolve_mps("auto", [GPU], None) is False
+    (record,) = caplog.records
+    assert "nvidia-cuda-mps-control is not on PATH" in record.getMessage()
+
+
+def test_resolve_required() -> None:
+    assert resolve_mps("required", [GPU], "/usr/bin/nvidia-cuda-mps-control") is True
+    with pytest.raises(MpsError) as info:
+        resolve_mps("required", [], None)
+    assert str(info.value) == (
+        "mps: required, but no GPU found by NVML; nvidia-cuda-mps-control is not on PATH "
+        "(install the Debian package nvidia-cuda-mps (from the non-free component), "
+        "or set mps: off)"
+    )
+    with pytest.raises(MpsError, match=r"^mps: required, but no GPU found by NVML$"):
+        resolve_mps("required", [], "/usr/bin/nvidia-cuda-mps-control")

@@ -1,0 +1,329 @@
+"""Message codec: exact round trips, and ProtocolError for every malformed frame."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trd.protocol import (
+    MAX_EXTRA,
+    MAX_MODELS,
+    Abort,
+    Control,
+    Done,
+    Emit,
+    FinishReason,
+    Message,
+    PeerKind,
+    PeerReq,
+    ProtocolError,
+    Ready,
+    SamplingParams,
+    Stats,
+    Submit,
+    decode,
+    encode,
+)
+
+PARAMS = SamplingParams(
+    max_tokens=300,
+    temperature=0.7,
+    top_p=0.9,
+    top_k=40,
+    seed=2**63 - 1,
+    stop_token_ids=(0, 151645, 2**31 - 1),
+    ignore_eos=True,
+)
+
+
+def i32(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def u32(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.uint32)
+
+
+def f32(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+def assert_same(a: Message, b: Message) -> None:
+    assert type(a) is type(b)
+    for field in a.__dataclass_fields__:
+        x: Any = getattr(a, field)
+        y: Any = getattr(b, field)
+        if isinstance(x, np.ndarray):
+            assert y.dtype == x.dtype and y.shape == x.shape, field
+            assert x.tobytes() == y.tobytes(), field  # bit-exact, NaN payloads included
+        else:
+            assert type(x) is type(y) and x == y, field
+
+
+LONG = np.arange(70_000, dtype=np.int32)
+ANCHORS = np.arange(MAX_MODELS, dtype=np.uint32) * 16_843_009  # up to 0xFEFEFEFE
+SAMPLES: list[Message] = [
+    Submit(rid=1, prompt=i32(5), params=SamplingParams(), arrival=1.7e9),
+    Submit(rid=2**64 - 1, prompt=i32(*range(1000)), params=PARAMS, arrival=0.5),
+    PeerReq(7, 0, 1, 1, PeerKind.HANDOFF, 12, i32(1, 2, 3), 10, PARAMS, b"", 3.25, u32(12, 0)),
+    PeerReq(7, 1, 0, 2**32 - 1, PeerKind.FINISH, 15, i32(), 10, None, b"\x00\xff", 4.0, u32()),
+    PeerReq(8, 255, 3, 5, PeerKind.ABORT, 0, LONG, 1, None, bytes(MAX_EXTRA), 0.0, ANCHORS),
+    Emit(9, 0, i32(11, 12), np.array([0, 1], np.uint8), FinishReason.NONE),
+    Emit(9, 2, i32(), np.array([], np.uint8), FinishReason.ERROR, "engine 1 died: ü"),
+    Emit(10, 2**32 - 1, i32(2**31 - 1), np.array([255], np.uint8), FinishReason.LENGTH),
+    Abort(rid=0),
+    Abort(rid=2**64 - 1),
+    Ready(model=1, pid=4242, kv_pages=2**32 - 1, page_size=16),
+    Ready(2, 77, 0, 16, error="checkpoint broken: größe ≠ 7 🚫"),
+    Done(
+        rid=3, model=1, fed_tokens=40, forwards=9, holders=0b101, handoff_latencies=f32(1e-4, 2.5)
+    ),
+    Done(2**64 - 1, 255, 2**32 - 1, 0, 2**64 - 1, f32()),
+    Done(4, 0, 0, 0, 1, f32(float("nan"), float("inf"), -0.0, 3.4028235e38)),
+    PeerReq(9, 2, 0, 3, PeerKind.HANDOFF, 7, i32(5, 6), 4, None, b"pol", 1.5, u32(7, 2**32 - 1, 0)),
+]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip_is_exact(msg: Message) -> None:
+    frame = encode(msg)
+    assert_same(decode(frame), msg)
+    assert_same(decode(memoryview(frame)), msg)
+    assert_same(decode(bytearray(frame)), msg)
+
+
+def test_decoded_arrays_are_writable_copies() -> None:
+    frame = bytearray(encode(SAMPLES[2]))
+    msg = decode(frame)
+    assert isinstance(msg, PeerReq)
+    frame[:] = bytes(len(frame))  # a ring reuses its buffer after get()
+    assert msg.tokens.tolist() == [1, 2, 3]
+    msg.tokens[0] = 99
+    assert msg.tokens.flags.owndata
+    assert msg.anchors.tolist() == [12, 0] and msg.anchors.flags.writeable
+    done = decode(frame := bytearray(encode(SAMPLES[12])))
+    assert isinstance(done, Done)
+    frame[:] = bytes(len(frame))
+    assert done.handoff_latencies.tolist() == [np.float32(1e-4), 2.5]
+    assert done.handoff_latencies.flags.owndata and done.handoff_latencies.flags.writeable
+
+
+def test_peer_frame_layout_is_stable() -> None:
+    msg = PeerReq(1, 0, 1, 2, PeerKind.HANDOFF, 3, i32(4), 5, None, b"x", 0.0, u32(9, 2**32 - 1))
+    head = struct.pack("<BBQBBIBIIdIIBB", 2, 1, 1, 0, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2)
+    assert encode(msg) == head + struct.pack("<iII", 4, 9, 2**32 - 1) + b"x"
+
+
+def test_ready_and_done_frame_layouts_are_stable() -> None:
+    ready = Ready(1, 2, 3, 4, "é")
+    assert encode(ready) == struct.pack("<BBBIIII", 5, 1, 1, 2, 3, 4, 2) + "é".encode()
+    assert encode(Ready(1, 2, 3, 4)) == struct.pack("<BBBIIII", 5, 1, 1, 2, 3, 4, 0)
+    done = Done(1, 2, 3, 4, 2**63 | 1, f32(0.5, -1.0))
+    head = struct.pack("<BBQBIIQI", 6, 1, 1, 2, 3, 4, 2**63 | 1, 2)
+    assert encode(done) == head + struct.pack("<ff", 0.5, -1.0)
+
+
+ints = st.integers
+tokens = st.lists(ints(-(2**31), 2**31 - 1), max_size=50).map(lambda v: np.array(v, np.int32))
+params = st.builds(
+    SamplingParams,
+    max_tokens=ints(1, 2**32 - 1),
+    temperature=st.floats(0, 10),
+    top_p=st.floats(1e-6, 1),
+    top_k=ints(0, 2**32 - 1),
+    seed=st.none() | ints(0, 2**63 - 1),
+    stop_token_ids=st.lists(ints(0, 2**31 - 1), max_size=4).map(tuple),
+    ignore_eos=st.booleans(),
+)
+peer_reqs = st.builds(
+    PeerReq,
+    rid=ints(0, 2**64 - 1),
+    src=ints(0, 255),
+    dst=ints(0, 255),
+    handoff_seq=ints(0, 2**32 - 1),
+    kind=st.sampled_from(PeerKind),
+    loc=ints(0, 2**32 - 1),
+    tokens=tokens,
+    prompt_len=ints(0, 2**32 - 1),
+    params=st.none() | params,
+    extra=st.binary(max_size=64),
+    sent_at=st.floats(allow_nan=False),
+    anchors=st.lists(ints(0, 2**32 - 1), max_size=MAX_MODELS).map(lambda v: np.array(v, np.uint32)),
+)
+dones = st.builds(
+    Done,
+    rid=ints(0, 2**64 - 1),
+    model=ints(0, 255),
+    fed_tokens=ints(0, 2**32 - 1),
+    forwards=ints(0, 2**32 - 1),
+    holders=ints(0, 2**64 - 1),
+    handoff_latencies=st.lists(st.floats(width=32), max_size=20).map(lambda v: f32(*v)),
+)
+readies = st.builds(
+    Ready,
+    model=ints(0, 255),
+    pid=ints(0, 2**32 - 1),
+    kv_pages=ints(0, 2**32 - 1),
+    page_size=ints(0, 2**32 - 1),
+    error=st.text(max_size=40),
+)
+emits = st.lists(st.tuples(ints(-(2**31), 2**31 - 1), ints(0, 255)), max_size=50).flatmap(
+    lambda pairs: st.builds(
+        Emit,
+        rid=ints(0, 2**64 - 1),
+        pos=ints(0, 2**32 - 1),
+        tokens=st.just(np.array([t for t, _ in pairs], np.int32)),
+        models=st.just(np.array([m for _, m in pairs], np.uint8)),
+        finish=st.sampled_from(FinishReason),
+        error=st.text(max_size=20),
+    )
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(peer_reqs | emits | dones | readies)
+def test_round_trip_property(msg: Message) -> None:
+    assert_same(decode(encode(msg)), msg)
+
+
+@pytest.mark.parametrize("msg", SAMPLES[:4] + SAMPLES[5:], ids=lambda m: type(m).__name__)
+def test_every_truncation_is_rejected(msg: Message) -> None:
+    frame = encode(msg)
+    for cut in range(len(frame)):
+        with pytest.raises(ProtocolError):
+            decode(frame[:cut])
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_trailing_bytes_are_rejected(msg: Message) -> None:
+    with pytest.raises(ProtocolError, match="1 trailing bytes"):
+        decode(encode(msg) + b"\x00")
+
+
+def patched(msg: Message, offset: int, fmt: str, value: float) -> bytes:
+    frame = bytearray(encode(msg))
+    struct.pack_into(fmt, frame, offset, value)
+    return bytes(frame)
+
+
+@pytest.mark.parametrize(
+    ("frame", "match"),
+    [
+        (b"", "truncated frame: 0 bytes"),
+        (b"\x09\x01" + bytes(30), "unknown message tag 9"),
+        (b"\x00\x01" + bytes(30), "unknown message tag 0"),
+        (b"\x09\x01" + bytes(30), "unknown message tag 9"),
+        (patched(Abort(1), 1, "<B", 2), "unsupported protocol version 2"),
+        (patched(SAMPLES[2], 16, "<B", 0), "bad PeerKind 0"),
+        (patched(SAMPLES[5], 14, "<B", 5), "bad FinishReason 5"),
+        (patched(SAMPLES[3], 41, "<B", 2), "bad has_params byte 2"),
+        (patched(SAMPLES[3], 37, "<I", MAX_EXTRA + 1), "extra is 65537 bytes"),
+        (patched(SAMPLES[0], 18, "<I", 0), "Submit.prompt is empty"),
+        (patched(SAMPLES[0], 22, "<I", 0), "max_tokens must be >= 1, got 0"),
+        (patched(SAMPLES[0], 26, "<d", -1.0), "temperature must be >= 0, got -1.0"),
+        (patched(SAMPLES[0], 34, "<d", float("nan")), "top_p must be in"),
+        (patched(SAMPLES[0], 46, "<q", -2), "seed must be None or in"),
+        (patched(SAMPLES[0], 54, "<B", 3), "bad ignore_eos byte 3"),
+        (patched(SAMPLES[1], 59, "<i", -5), "stop_token_ids must be in"),
+        (patched(SAMPLES[5], 19, "<I", 1) + b"\xff", "Emit.error is not utf-8"),
+        (patched(SAMPLES[5], 15, "<I", 3), "truncated frame: array needs"),
+        (patched(SAMPLES[10], 15, "<I", 1) + b"\xff", "Ready.error is not utf-8"),
+        (patched(SAMPLES[11], 15, "<I", 99), "truncated frame: Ready.error needs 118 bytes"),
+        (encode(SAMPLES[10])[:15], "truncated frame: 15 bytes, header needs 19"),
+        (patched(SAMPLES[13], 27, "<I", 2**32 - 1), "truncated frame: array needs"),
+        (patched(SAMPLES[12], 27, "<I", 1), "4 trailing bytes after Done"),
+        (patched(SAMPLES[15], 42, "<B", 4), "truncated frame: array needs"),
+        (patched(SAMPLES[15], 42, "<B", 2), "4 trailing bytes after PeerReq"),
+        (patched(SAMPLES[3], 42, "<B", 255), "truncated frame: array needs"),
+    ],
+)
+def test_malformed_frames_name_the_problem(frame: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode(frame)
+
+
+def test_decode_rejects_non_bytes() -> None:
+    with pytest.raises(ProtocolError, match="bytes-like"):
+        decode("abc")  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([1, 2, 3, 4, 5, 6, 7, 8]), st.binary(max_size=120))
+def test_garbage_never_raises_anything_but_protocol_error(tag: int, body: bytes) -> None:
+    for frame in (bytes([tag, 1]) + body, body):
+        with contextlib.suppress(ProtocolError):
+            decode(frame)
+
+
+def peer(**kw: Any) -> PeerReq:
+    base = PeerReq(1, 0, 1, 1, PeerKind.HANDOFF, 0, i32(), 0, None, b"", 0.0, u32(0, 0))
+    return dataclasses.replace(base, **kw)
+
+
+@pytest.mark.parametrize(
+    ("msg", "match"),
+    [
+        (Submit(1, i32(), SamplingParams(), 0.0), "prompt must not be empty"),
+        (Submit(1, np.array([1], np.int64), SamplingParams(), 0.0), "Submit.prompt must be"),
+        (peer(tokens=[1]), "PeerReq.tokens must be a 1-D int32 numpy array"),
+        (peer(extra=bytes(MAX_EXTRA + 1)), "extra is 65537 bytes"),
+        (peer(src=256), "cannot encode PeerReq"),
+        (peer(anchors=[0, 1]), "PeerReq.anchors must be a 1-D uint32 numpy array"),
+        (peer(anchors=np.array([0, 1], np.int32)), "anchors must be a 1-D uint32"),
+        (peer(anchors=np.array([0, 1], np.uint64)), "anchors must be a 1-D uint32"),
+        (peer(anchors=np.zeros((1, 2), np.uint32)), "anchors must be a 1-D uint32"),
+        (peer(anchors=np.zeros(MAX_MODELS + 1, np.uint32)), "anchors has 256 entries, limit 255"),
+        (Emit(1, 0, i32(1, 2), np.array([0], np.uint8), FinishReason.NONE), "models \\(1,\\)"),
+        (Emit(1, 0, i32(1), np.array([0], np.int32), FinishReason.NONE), "uint8"),
+        (Abort(-1), "cannot encode Abort"),
+        (Ready(1, 2, 3, 4, "\ud800"), "cannot encode Ready"),
+        (Ready(256, 2, 3, 4, "x"), "cannot encode Ready"),
+        (Done(1, 0, 0, 0, 0, np.array([0.5])), "handoff_latencies must be a 1-D float32"),
+        (Done(1, 0, 0, 0, 0, [0.5]), "handoff_latencies must be a 1-D float32"),  # type: ignore[arg-type]
+        (Done(1, 0, 0, 0, 0, np.zeros((2, 1), np.float32)), "must be a 1-D float32"),
+        (Done(1, 0, 0, 0, 0, np.array([1], np.float16)), "must be a 1-D float32"),
+        (Done(1, 0, 0, 0, 2**64, f32()), "cannot encode Done"),
+        (Done(1, 0, -1, 0, 0, f32()), "cannot encode Done"),
+        ("not a message", "cannot encode str"),
+    ],
+)
+def test_encode_rejects_what_the_wire_cannot_carry(msg: Any, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        encode(msg)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ({"temperature": -0.5}, "temperature must be >= 0, got -0.5"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"top_k": -1}, "top_k must be >= 0, got -1"),
+        ({"seed": -1}, r"seed must be None or in \[0, 2\*\*63\), got -1"),
+        ({"seed": 2**63}, "got 9223372036854775808"),
+        ({"stop_token_ids": (3, -1)}, r"stop_token_ids must be in .*got \(3, -1\)"),
+    ],
+)
+def test_sampling_params_validation(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [Stats(3, '{"running": 2, "name": "große"}'), Stats(0, ""), Control('{"op": "set"}')],
+)
+def test_json_messages_round_trip_and_reject_truncation(msg: Message) -> None:
+    frame = encode(msg)
+    assert decode(frame) == msg
+    for cut in range(len(frame)):
+        with pytest.raises(ProtocolError):
+            decode(frame[:cut])

@@ -1,0 +1,125 @@
+"""Engine processes over shared-memory rings against the reference loop (float64).
+
+32 requests, outputs of 16 to 256 tokens, run at concurrency 1, 4 and 16 for every
+policy; committed tokens and the producing model of each token must equal the
+reference loop's, and every model must have fed each token at most once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trd.engines.group import EngineGroup, run_closed_loop
+from trd.policies.heads import save_random_head
+from trd.protocol import FinishReason, SamplingParams
+
+from routing_cases import MODEL_SETS, jobs, reference, specs
+
+
+def shm_segments(prefix: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+@pytest.fixture(scope="module")
+def heads(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
+) -> dict[str, Path]:
+    import json
+
+    hidden = json.loads((tiny_models["small"] / "config.json").read_text())["hidden_size"]
+    out = tmp_path_factory.mktemp("heads")
+    return {
+        "citer": save_random_head(out / "citer.safetensors", "citer", hidden, 32, seed=1),
+        "r2r": save_random_head(
+            out / "r2r.safetensors", "r2r", 2 * hidden + 8, 32, seed=2, top_k=8
+        ),
+        "collm": save_random_head(out / "collm.safetensors", "collm", hidden, 0, seed=3),
+    }
+
+
+def cases(heads: dict[str, Path]) -> list[tuple[str, dict[str, Any], int]]:
+    return [
+        ("rstitch", {"threshold": 0.78}, 2),
+        ("rstitch", {"threshold": 0.78}, 3),
+        ("citer", {"head": str(heads["citer"]), "threshold": 0.5}, 2),
+        ("r2r", {"head": str(heads["r2r"]), "threshold": 0.5}, 2),
+        ("collm", {"head": str(heads["collm"]), "threshold": 0.5}, 2),
+        ("ensemble", {"weights": [0.5, 0.2, 0.3], "seed": 3}, 3),
+        ("scripted", {"schedule": [2, 0, 1, 1, 0, 2, 2]}, 3),
+    ]
+
+
+# Two-model ensemble and scripted runs are covered in-process (test_routing_inprocess).
+CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "ensemble-3", "scripted-3"]
+
+
+@pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)
+def test_engines_equal_the_reference_at_every_concurrency(
+    tiny_models: dict[str, Path], heads: dict[str, Path], case: int
+) -> None:
+    policy, params, n_models = cases(heads)[case]
+    paths = [tiny_models[n] for n in MODEL_SETS[n_models]]
+    work = jobs(paths[0])
+    expected = reference(paths, policy, params, work)
+    produced = {m for t in expected for m in t.models}
+    assert len(produced) == n_models, f"workload must exercise every model, got {produced}"
+    group = EngineGroup(specs(paths, policy, params))
+    group.start()
+    try:
+        for concurrency in (1, 4, 16):
+            results = run_closed_loop(group, work, concurrency)
+            for i, (got, want) in enumerate(zip(results, expected, strict=True)):
+                assert got.error == "", got.error
+                assert got.tokens == want.tokens, f"c={concurrency} request {i}"
+                assert got.models == want.models, f"c={concurrency} request {i}"
+                assert got.finish == want.finish
+                # Work accounting: each model fed every token of the sequence it ran on
+                # exactly once -- never the full context again on a return.
+                fed = {m: d.fed_tokens for m, d in got.dones.items()}
+                assert fed == want.fed, f"c={concurrency} request {i}"
+    finally:
+        group.close()
+    assert shm_segments(group.prefix) == []
+
+
+def test_killed_engine_fails_its_requests_cleanly(tiny_models: dict[str, Path]) -> None:
+    paths = [tiny_models["small"], tiny_models["large"]]
+    group = EngineGroup(specs(paths, "scripted", {"schedule": [0, 1]}))
+    group.start()
+    try:
+        params = SamplingParams(max_tokens=2000, ignore_eos=True)
+        rids = [group.submit([5, 6, 7, 8], params) for _ in range(4)]
+        while sum(len(group.tracked[r].tokens) for r in rids) < 20:
+            group.pump(timeout=0.1)
+        os.kill(group.procs[1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not all(group.tracked[r].complete for r in rids):
+            assert time.monotonic() < deadline, "requests hang after an engine died"
+            group.pump(timeout=0.1)
+        for r in rids:
+            assert group.tracked[r].finish is FinishReason.ERROR
+            assert "engine 'large'" in group.tracked[r].error
+            assert "died" in group.tracked[r].error
+        with pytest.raises(RuntimeError, match="degraded"):
+            group.submit([1, 2], params)
+    finally:
+        group.close()
+    assert shm_segments(group.prefix) == []
+
+
+def test_broken_checkpoint_names_the_engine(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    paths = [tiny_models["small"], tmp_path]  # an empty directory is not a checkpoint
+    group = EngineGroup(specs(paths, "rstitch", {"threshold": 0.5}))
+    from trd.engines.group import EngineStartError
+
+    with pytest.raises(
+        EngineStartError, match=rf"engine '{tmp_path.name}' failed to start: .*config"
+    ):
+        group.start(timeout=120)
+    assert shm_segments(group.prefix) == []

@@ -1,0 +1,98 @@
+"""Sampling: seeded reproducibility independent of the batch, filters, stop conditions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from trd.engines.engine import Engine
+from trd.engines.sampler import sample, uniform
+from trd.protocol import FinishReason, SamplingParams
+
+PROMPT = [101, 102, 103, 104]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models: dict[str, Path]) -> Engine:
+    return Engine(tiny_models["small"], kv_tokens=8192)
+
+
+def test_seeded_sampling_is_identical_alone_and_in_a_batch_of_8(engine: Engine) -> None:
+    params = SamplingParams(max_tokens=32, temperature=0.9, top_p=0.95, top_k=50, seed=1234)
+    alone = engine.generate([PROMPT], params)[0]
+    others = [
+        SamplingParams(max_tokens=40, temperature=1.0, seed=s, ignore_eos=True) for s in range(7)
+    ]
+    rids = [engine.add_request([200 + i, 201 + i], p) for i, p in enumerate(others[:3])]
+    rid = engine.add_request(PROMPT, params)
+    rids += [engine.add_request([300 + i], p) for i, p in enumerate(others[3:])]
+    got: list[int] = []
+    while engine.has_unfinished():
+        got += [o.token for o in engine.step() if o.rid == rid]
+    assert len(rids) == 7
+    assert got == alone
+    different_seed = engine.generate(
+        [PROMPT], SamplingParams(max_tokens=32, temperature=0.9, seed=9)
+    )
+    assert different_seed[0] != alone
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(engine: Engine) -> None:
+    greedy = engine.generate([PROMPT], SamplingParams(max_tokens=16))[0]
+    top_k = engine.generate([PROMPT], SamplingParams(max_tokens=16, temperature=1.5, top_k=1))
+    top_p = engine.generate([PROMPT], SamplingParams(max_tokens=16, temperature=1.5, top_p=1e-6))
+    assert top_k[0] == greedy and top_p[0] == greedy
+
+
+def test_sampling_frequencies_follow_the_distribution() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
+    counts = [0, 0, 0, 0]
+    params = [SamplingParams(temperature=1.0, seed=5)]
+    for pos in range(4000):
+        counts[sample(logits, params, [pos])[0]] += 1
+    assert [round(c / 4000, 1) for c in counts] == [0.5, 0.3, 0.1, 0.0]
+    assert counts[3] > 0
+
+
+def test_top_k_and_top_p_never_pick_filtered_tokens() -> None:
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]] * 2, dtype=torch.float64))
+    params = [
+        SamplingParams(temperature=1.0, top_k=2, seed=1),
+        SamplingParams(temperature=1.0, top_p=0.65, seed=2),
+    ]
+    seen: list[set[int]] = [set(), set()]
+    for pos in range(500):
+        a, b = sample(logits, params, [pos, pos])
+        seen[0].add(a)
+        seen[1].add(b)
+    assert seen == [{0, 1}, {0, 1}]
+
+
+def test_uniform_depends_only_on_seed_and_position() -> None:
+    assert uniform(3, 10) == uniform(3, 10)
+    assert len({uniform(3, p) for p in range(1000)}) == 1000
+    assert all(0.0 <= uniform(s, p) < 1.0 for s in range(20) for p in range(50))
+
+
+def test_stop_token_and_max_tokens(engine: Engine) -> None:
+    greedy = engine.generate([PROMPT], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    stop_at = greedy[5]
+    first = greedy.index(stop_at)
+    rid = engine.add_request(PROMPT, SamplingParams(max_tokens=12, stop_token_ids=(stop_at,)))
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.rid == rid]
+    assert [o.token for o in outs] == greedy[: first + 1]
+    assert outs[-1].finish is FinishReason.STOP
+    assert len(greedy) == 12
+
+
+def test_bad_requests_are_rejected(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.add_request([])
+    with pytest.raises(ValueError, match="out of range"):
+        engine.add_request([5, 999999])
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        SamplingParams(max_tokens=0)

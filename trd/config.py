@@ -1,0 +1,301 @@
+"""The daemon's YAML config: a frozen dataclass tree, every value checked at load time.
+
+    listen: 127.0.0.1:8000          admin: 127.0.0.1:8001 | unix:/run/tokenrouterd/admin.sock
+    device: auto | cpu | cuda | cuda:N            mps: auto | required | off
+    memory: {budget_gib: auto | GiB, fraction: 0.9, max_kv_tokens: auto | N}
+    max_model_len: N (default: the smallest context of the models)
+    max_inflight: 256
+    models: [{name, path, dtype}, ...]             first = entry model
+    policy: {name: rstitch, <the policy's params>}
+    batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
+    engine: {page_size: 16, max_batch_tokens: 1024, max_batch_size: 64, threads: auto}
+    shutdown: {grace_s: 30}         restart: {max_retries: 3, backoff_s: 1.0}
+
+A bad value raises ConfigError naming its key, the value and the reason; so does an
+unknown key. Model paths are resolved against the config file's folder and checked to
+be checkpoints that share one vocabulary.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import yaml
+
+from trd.config_reader import ConfigError, Section, fail
+from trd.engines.checkpoint import DTYPES, CheckpointError
+from trd.engines.checkpoint import load_config as load_checkpoint_config
+from trd.policies import POLICIES
+
+__all__ = ["Config", "ConfigError", "load_config"]
+
+# On CPU the KV cache is ordinary RAM that torch touches when it allocates it; without
+# a cap the plan would hand a small model most of the host's memory.
+CPU_MAX_KV_TOKENS = 32768
+MpsMode = Literal["auto", "required", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A TCP host:port, or a unix socket path (`unix:/path`) when `path` is set."""
+
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.path:
+            return f"unix:{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.path or self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_address(key: str, value: Any, allow_unix: bool) -> Address:
+    if not isinstance(value, str):
+        fail(key, value, "expected 'host:port'" + (" or 'unix:/path'" if allow_unix else ""))
+    if value.startswith("unix:"):
+        if not allow_unix:
+            fail(key, value, "a unix socket is only allowed for admin")
+        path = value[len("unix:") :]
+        if not os.path.isabs(path):
+            fail(key, value, "the unix socket path must be absolute")
+        return Address(path=path)
+    host, sep, port = value.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        fail(key, value, "expected 'host:port' with a port in 1..65535")
+    return Address(host=host, port=int(port))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    name: str
+    path: Path
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    budget_gib: float | None = None  # None = a fraction of free memory
+    fraction: float = 0.9
+    max_kv_tokens: int | None = None  # None = auto: CPU_MAX_KV_TOKENS on CPU, no cap on GPU
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    page_size: int = 16
+    max_batch_tokens: int = 1024
+    max_batch_size: int = 64
+    threads: int | None = None  # None = auto: cpu_count // number of models
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    models: tuple[ModelEntry, ...]
+    max_model_len: int
+    listen: Address = Address("127.0.0.1", 8000)
+    admin: Address = Address("127.0.0.1", 8001)
+    device: str = "auto"
+    mps: MpsMode = "auto"
+    memory: MemoryConfig = MemoryConfig()
+    max_inflight: int = 256
+    policy: str = "rstitch"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    thresholds: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    max_wait_ms: float = 20.0
+    auto_interval_s: float = 0.0  # > 0: re-optimise thresholds from live figures this often
+    engine: EngineConfig = EngineConfig()
+    grace_s: float = 30.0
+    max_retries: int = 3
+    backoff_s: float = 1.0
+
+    def threads(self) -> int:
+        if self.engine.threads is not None:
+            return self.engine.threads
+        return max(1, (os.cpu_count() or 1) // len(self.models))
+
+    @classmethod
+    def demo(cls, models: dict[str, Path], port: int) -> Config:
+        """The `--demo` setup: the fixture models with R-Stitch on CPU, admin on port + 1."""
+        raw = {
+            "listen": f"127.0.0.1:{port}",
+            "admin": f"127.0.0.1:{port + 1}",
+            "device": "cpu",
+            "mps": "off",
+            "memory": {"max_kv_tokens": 16384},
+            "max_model_len": 1024,
+            "models": [
+                {"name": name, "path": str(models[name]), "dtype": "float32"}
+                for name in ("small", "large")
+            ],
+            "policy": {"name": "rstitch", "threshold": 0.75},
+            "shutdown": {"grace_s": 5},
+        }
+        return from_dict(raw, Path.cwd())
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate the YAML config at `path`."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return from_dict(raw, path.parent)
+
+
+def from_dict(raw: Any, base_dir: Path) -> Config:
+    """Validate a parsed config; relative model paths are taken from `base_dir`."""
+    top = Section("config", raw)
+    models = _models(top.list("models"), base_dir)
+    policy = Section("policy", top.get("policy", {"name": "rstitch"}))
+    batching = Section("batching", top.get("batching", {}))
+    shutdown = Section("shutdown", top.get("shutdown", {}))
+    restart = Section("restart", top.get("restart", {}))
+    cfg = Config(
+        models=models,
+        max_model_len=_max_model_len(top, models),
+        listen=parse_address("listen", top.get("listen", "127.0.0.1:8000"), allow_unix=False),
+        admin=_admin(top.get("admin", "127.0.0.1:8001")),
+        device=_device(top.get("device", "auto")),
+        mps=cast(MpsMode, top.choice("mps", ["auto", "required", "off"], "auto")),
+        memory=_memory(Section("memory", top.get("memory", {}))),
+        max_inflight=top.integer("max_inflight", 256, low=1),
+        policy=policy.choice("name", sorted(POLICIES)),
+        policy_params=policy.rest(),
+        thresholds=_thresholds(batching.get("thresholds", {}), [m.name for m in models]),
+        max_wait_ms=batching.number("max_wait_ms", 20.0, low=0.0),
+        auto_interval_s=batching.number("auto_interval_s", 0.0, low=0.0),
+        engine=_engine(Section("engine", top.get("engine", {}))),
+        grace_s=shutdown.number("grace_s", 30.0, low=0.0),
+        max_retries=restart.integer("max_retries", 3, low=0),
+        backoff_s=restart.number("backoff_s", 1.0, low=0.0),
+    )
+    for sec in (top, batching, shutdown, restart):
+        sec.done()
+    return cfg
+
+
+def _admin(value: Any) -> Address:
+    addr = parse_address("admin", value, allow_unix=True)
+    if not addr.is_loopback:
+        fail("admin", value, "the admin API must listen on loopback or a unix socket")
+    return addr
+
+
+def _device(value: Any) -> str:
+    ok = isinstance(value, str) and (
+        value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit())
+    )
+    if not ok:
+        fail("device", value, "expected auto, cpu, cuda or cuda:N")
+    return str(value)
+
+
+def _memory(sec: Section) -> MemoryConfig:
+    budget = sec.get("budget_gib", "auto")
+    if budget != "auto" and (
+        isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0
+    ):
+        fail("memory.budget_gib", budget, "expected auto or a positive number of GiB")
+    fraction = sec.number("fraction", 0.9, low=0.0, high=1.0)
+    if fraction == 0:
+        fail("memory.fraction", fraction, "must be in (0, 1]")
+    kv = sec.get("max_kv_tokens", "auto")
+    if kv != "auto" and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+        fail("memory.max_kv_tokens", kv, "expected auto or a positive integer")
+    sec.done()
+    return MemoryConfig(
+        None if budget == "auto" else float(budget), fraction, None if kv == "auto" else kv
+    )
+
+
+def _engine(sec: Section) -> EngineConfig:
+    threads = sec.get("threads", "auto")
+    if threads != "auto" and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        fail("engine.threads", threads, "expected auto or a positive integer")
+    cfg = EngineConfig(
+        page_size=sec.integer("page_size", 16, low=1),
+        max_batch_tokens=sec.integer("max_batch_tokens", 1024, low=1),
+        max_batch_size=sec.integer("max_batch_size", 64, low=1),
+        threads=None if threads == "auto" else threads,
+    )
+    sec.done()
+    return cfg
+
+
+def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
+    if not items:
+        fail("models", items, "at least one model is needed")
+    entries: list[ModelEntry] = []
+    vocab: tuple[str, int] | None = None
+    for i, item in enumerate(items):
+        sec = Section(f"models[{i}]", item)
+        name = sec.string("name")
+        if name in [e.name for e in entries]:
+            fail(f"models[{i}].name", name, "duplicate model name")
+        path = base_dir / Path(sec.string("path")).expanduser()
+        dtype = sec.choice("dtype", list(DTYPES), "bfloat16")
+        sec.done()
+        try:
+            ckpt = load_checkpoint_config(path)
+        except CheckpointError as exc:
+            fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
+        if vocab is not None and ckpt.vocab_size != vocab[1]:
+            fail(
+                f"models[{i}].path", str(path),
+                f"vocab size {ckpt.vocab_size} differs from {vocab[0]}'s {vocab[1]};"
+                " routed models must share one tokenizer",
+            )  # fmt: skip
+        vocab = vocab or (name, ckpt.vocab_size)
+        entries.append(ModelEntry(name, path, dtype))
+    if not (entries[0].path / "tokenizer.json").is_file():
+        fail("models[0].path", str(entries[0].path), "the entry model has no tokenizer.json")
+    return tuple(entries)
+
+
+def _max_model_len(top: Section, models: tuple[ModelEntry, ...]) -> int:
+    context = min(load_checkpoint_config(m.path).max_position_embeddings for m in models)
+    value = top.integer("max_model_len", context, low=2)
+    if value > context:
+        fail("max_model_len", value, f"exceeds the models' smallest context ({context})")
+    return value
+
+
+def _thresholds(raw: Any, names: list[str]) -> dict[str, tuple[int, ...]]:
+    sec = Section("batching.thresholds", raw)
+    out = {}
+    for name in list(sec.keys()):
+        if name not in names:
+            fail(f"batching.thresholds.{name}", raw[name], f"no such model (models: {names})")
+        out[name] = parse_thresholds(f"batching.thresholds.{name}", sec.get(name))
+    return out
+
+
+def parse_thresholds(key: str, value: Any) -> tuple[int, ...]:
+    """A non-empty list of batch thresholds >= 1 (B indexed by active-request count)."""
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in value)
+    )
+    if not ok:
+        fail(key, value, "expected a non-empty list of integers >= 1")
+    return tuple(value)

@@ -1,0 +1,210 @@
+"""tokenrouterd: the supervisor process.
+
+    tokenrouterd --config FILE       serve (what systemd runs)
+    tokenrouterd --demo [--port P]   serve the fixture models with R-Stitch on CPU
+    tokenrouterd --check --config F  validate the config and print the memory plan
+
+Start order: config -> devices -> MPS -> memory plan -> engines (READY from each) ->
+HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT: STOPPING=1, refuse new requests, let
+in-flight ones finish within shutdown.grace_s, abort the rest, stop the engines and MPS,
+unlink shared memory, exit 0. Exit 1 when the engines cannot be (re)started, 2 for a
+bad config or a plan that does not fit (restarting cannot fix those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+from aiohttp import web
+
+from trd.config import Address, Config, ConfigError, load_config
+from trd.engines.checkpoint import load_config as load_checkpoint_config
+from trd.engines.group import EngineStartError
+from trd.frontend.admin import AdminApi
+from trd.frontend.app import OpenAIApi, Served
+from trd.frontend.hub import Hub
+from trd.frontend.metrics import Metrics
+from trd.frontend.tokens import PromptEncoder
+from trd.launch import Launch, plan_launch
+from trd.logs import StderrTap, setup_logging
+from trd.memplan.plan import PlanError
+from trd.mps.manager import MpsError, MpsManager
+from trd.sdnotify import Notifier
+from trd.supervisor import Supervisor
+
+log = logging.getLogger("trd.daemon")
+
+EXIT_FAILED, EXIT_CONFIG = 1, 2
+# Once the grace period is over, handlers of aborted requests only write an error event.
+HANDLER_SHUTDOWN_S = 2.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tokenrouterd", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, help="YAML config file")
+    p.add_argument("--demo", action="store_true", help="serve the fixture models on CPU")
+    p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
+    p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = p.parse_args(argv)
+    if args.demo == (args.config is not None):
+        p.error("give exactly one of --config FILE and --demo")
+    if not 1 <= args.port <= 65534:
+        p.error(f"--port: {args.port} is not in 1..65534")
+    return args
+
+
+def _config(args: argparse.Namespace) -> Config:
+    if not args.demo:
+        return load_config(args.config)
+    from trd.tinymodels.build import ensure_models  # trains the fixtures once if missing
+
+    return Config.demo(ensure_models(names=("small", "large")), args.port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    tap = None
+    if not args.check:
+        tap = StderrTap()
+        setup_logging(args.log_level, tap.stream())
+    try:
+        cfg = _config(args)
+        launch = plan_launch(cfg)
+    except (ConfigError, PlanError, MpsError, ValueError) as exc:
+        print(f"tokenrouterd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.check:
+        mps = "on" if launch.use_mps else "off"
+        print(f"config OK: {len(cfg.models)} models on {launch.device}, policy {cfg.policy}, "
+              f"max_model_len {cfg.max_model_len}, MPS {mps}")  # fmt: skip
+        print(launch.plan.to_table())
+        return 0
+    return uvloop.run(Daemon(cfg, launch, tap).run())
+
+
+class Daemon:
+    def __init__(self, cfg: Config, launch: Launch, tap: StderrTap | None) -> None:
+        self.cfg, self.launch, self.tap = cfg, launch, tap
+        self.notifier = Notifier()
+        self.stop = asyncio.Event()
+        self.runners: list[web.AppRunner] = []
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        mps = await asyncio.to_thread(self._start_mps)
+        specs = self.launch.specs
+        if mps is not None:
+            specs = self.launch.with_env({m.name: mps.engine_env(m.name) for m in self.cfg.models})
+        hub = Hub(self.cfg.max_inflight)
+        sup = Supervisor(self.cfg, specs, hub, self.tap)
+        try:
+            return await self._serve(hub, sup)
+        finally:
+            await sup.stop("server shutting down")
+            if mps is not None:
+                await asyncio.to_thread(mps.stop)
+            log.info("stopped")
+
+    def _start_mps(self) -> MpsManager | None:
+        if not self.launch.use_mps:
+            return None
+        runtime = os.environ.get("RUNTIME_DIRECTORY") or tempfile.mkdtemp(prefix="trd-")
+        mps = MpsManager(Path(runtime))
+        mps.start()
+        return mps
+
+    async def _serve(self, hub: Hub, sup: Supervisor) -> int:
+        for line in self.launch.plan.to_table().splitlines():
+            log.info("memory plan | %s", line)
+        self.notifier.status("starting engines")
+        started = time.monotonic()
+        try:
+            await sup.start()
+        except EngineStartError as exc:
+            log.error("%s", exc)
+            return EXIT_FAILED
+        log.info("engines ready in %.1f s", time.monotonic() - started)
+        if self.stop.is_set():
+            return 0  # told to stop while the engines were loading
+        served = await asyncio.to_thread(self._served)
+        metrics = Metrics(sup.engine_stats, lambda: len(hub.gens))
+        try:
+            await self._open(OpenAIApi(served, hub, metrics).app(), self.cfg.listen)
+            await self._open(AdminApi(sup, hub, self.launch.plan).app(), self.cfg.admin)
+        except OSError as exc:
+            log.error("cannot listen: %s", exc)
+            return EXIT_FAILED
+        self.notifier.ready(f"serving {served.model_id} on {self.cfg.listen}")
+        log.info("serving %s on http://%s, admin on %s", served.model_id, self.cfg.listen,
+                 self.cfg.admin)  # fmt: skip
+        watchdog = asyncio.get_running_loop().create_task(self._watchdog())
+        fatal = asyncio.get_running_loop().create_task(sup.fatal.wait())
+        await asyncio.wait([fatal, asyncio.ensure_future(self.stop.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        watchdog.cancel()
+        await self._drain(hub, sup)
+        return EXIT_FAILED if sup.fatal.is_set() else 0
+
+    def _served(self) -> Served:
+        entry = self.cfg.models[0].path
+        return Served(
+            names=[m.name for m in self.cfg.models],
+            encoder=PromptEncoder(entry),
+            max_model_len=self.cfg.max_model_len,
+            vocab_size=load_checkpoint_config(entry).vocab_size,
+            created=int(time.time()),
+        )
+
+    async def _open(self, app: web.Application, addr: Address) -> None:
+        runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=HANDLER_SHUTDOWN_S
+        )
+        await runner.setup()
+        self.runners.append(runner)
+        if addr.path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(addr.path)  # a socket left by an instance that was killed
+            site: web.BaseSite = web.UnixSite(runner, addr.path)
+        else:
+            site = web.TCPSite(runner, addr.host, addr.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise OSError(exc.errno, f"{addr}: {exc.strerror}") from None
+
+    async def _watchdog(self) -> None:
+        if self.notifier.watchdog_s is None:
+            return
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(self.notifier.watchdog_s)
+
+    async def _drain(self, hub: Hub, sup: Supervisor) -> None:
+        grace = self.cfg.grace_s
+        active = len(hub.gens)
+        self.notifier.stopping(f"draining {active} requests")
+        log.info("stopping: %d requests in flight, grace %.0f s", active, grace)
+        if hub.state == "serving":
+            hub.state, hub.reason = "draining", "server shutting down"
+        if not await hub.drain(grace):
+            log.warning("aborting %d requests still running after %.0f s", len(hub.gens), grace)
+        await sup.stop("server shutting down")
+        for runner in self.runners:
+            await runner.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

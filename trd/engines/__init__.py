@@ -1,0 +1,1 @@
+"""Engines: one model, its paged KV cache, its scheduler, and the step loop."""

@@ -1,0 +1,45 @@
+"""The attention backend interface: paged KV writes plus attention for a packed batch.
+
+KV cache layout per layer (shared by every backend, flashinfer's "NHD" layout):
+
+    cache[0] = K pages  (num_pages, page_size, num_kv_heads, head_dim)
+    cache[1] = V pages  (num_pages, page_size, num_kv_heads, head_dim)
+
+A request's page table lists its pages in order; token position p lives in page
+`table[p // page_size]` at slot `p % page_size`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLayout:
+    """Where each request's new tokens sit in the packed batch and in the KV pages."""
+
+    q_lens: list[int]  # new tokens per request (>= 1)
+    kv_starts: list[int]  # tokens already cached per request = position of its first new token
+    page_tables: list[list[int]]
+    page_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.q_lens)
+
+
+class AttentionBackend(ABC):
+    """Plans once per step, then attends once per layer with the same plan."""
+
+    @abstractmethod
+    def plan(self, layout: BatchLayout) -> None:
+        """Prepare indices/metadata for this step's batch."""
+
+    @abstractmethod
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Write k/v (T, KVH, D) into the layer's pages, attend causally, return (T, H, D)."""

@@ -1,0 +1,58 @@
+"""Load a checkpoint directory into `CausalLM` at a serving dtype."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from trd.engines.checkpoint import DTYPES, CheckpointError, ModelConfig, safetensors_files
+from trd.engines.model import CausalLM, Rope
+
+# Buffers some exporters write that carry no weights.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported (choose from {DTYPES})")
+    return getattr(torch, name)
+
+
+def load_model(model_dir: Path, cfg: ModelConfig, dtype: str, device: torch.device) -> CausalLM:
+    """Build the model on `device` with weights from `model_dir/*.safetensors` cast to dtype."""
+    tdtype = torch_dtype(dtype)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    expected = model.state_dict()
+    weights: dict[str, torch.Tensor] = {}
+    for path in safetensors_files(model_dir):
+        try:
+            weights.update(load_file(path, device=str(device)))
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path}: cannot read safetensors ({exc})") from None
+    if cfg.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    for key in [k for k in weights if k.endswith(_IGNORED_SUFFIXES)]:
+        del weights[key]
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{model_dir}: weights do not match a {cfg.model_type} model with this config.json"
+            f" (missing: {missing[:5]}{'...' if len(missing) > 5 else ''};"
+            f" unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
+        )
+    for key, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise CheckpointError(
+                f"{model_dir}: tensor {key} has shape {tuple(tensor.shape)}, "
+                f"config.json implies {tuple(expected[key].shape)}"
+            )
+    model.load_state_dict({k: v.to(tdtype) for k, v in weights.items()}, assign=True)
+    # The rope tables are derived, not loaded: build them for real on the device.
+    with torch.device(device):
+        model.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+    return model.eval()

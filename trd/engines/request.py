@@ -1,0 +1,54 @@
+"""Per-engine request state. Pure Python, no torch.
+
+One logical sequence per request: `seq` = prompt + committed output tokens, the only
+truth. This engine has materialised `kv_len` of them in its KV pages; a forward feeds
+`seq[kv_len:]` (one token = decode, more = extend; a prompt is just a long extend).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from trd.protocol import FinishReason, SamplingParams
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # needs a forward here, holds no pages yet or was preempted
+    RUNNING = "running"  # needs a forward here, holds pages
+    PENDING = "pending"  # handed to a peer: keeps its pages, takes no compute
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    rid: int
+    seq: list[int]
+    prompt_len: int
+    params: SamplingParams
+    arrival: float
+    state: State = State.WAITING
+    kv_len: int = 0
+    pages: list[int] = field(default_factory=list)
+    finish: FinishReason = FinishReason.NONE
+    fed_tokens: int = 0  # tokens this engine has run through the model for this request
+    runnable_since: float = 0.0
+    # Routing: anchors[j] = how much of `seq` model j holds a copy of, so a handoff
+    # carries only the suffix the destination lacks; handoff_seq orders handoffs.
+    anchors: list[int] = field(default_factory=list)
+    handoff_seq: int = 0
+    forwards: int = 0
+    handoff_latencies: list[float] = field(default_factory=list)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.seq) - self.prompt_len
+
+    @property
+    def num_unfed(self) -> int:
+        return len(self.seq) - self.kv_len
+
+    def check(self) -> None:
+        """Anchors never run ahead of the committed sequence."""
+        if not 0 <= self.kv_len <= len(self.seq):
+            raise AssertionError(f"request {self.rid}: kv_len {self.kv_len} vs {len(self.seq)}")

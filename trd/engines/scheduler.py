@@ -1,0 +1,123 @@
+"""Continuous batching with a token budget, admission bounded by free KV pages.
+
+Pure Python, no torch. Each step every runnable request asks to feed
+`seq[kv_len:]`; requests are taken oldest first until the token budget or the batch
+size is spent. A long feed is chunked (its computed tokens catch up over several
+steps). Pages are allocated on demand; when they run out, the newest request that
+holds pages and is not in this step's batch is preempted (its pages are freed and it
+will recompute from its committed sequence), so older requests always progress and
+no request's pages are ever touched by another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trd.engines.pages import PageAllocator
+from trd.engines.request import Request, State
+
+
+class RequestTooLarge(ValueError):
+    """A request that can never fit this engine, even alone."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    req: Request
+    num_tokens: int  # feed seq[kv_len : kv_len + num_tokens]
+    completes: bool  # the feed reaches the end of the sequence, so a token is sampled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        max_batch_tokens: int,
+        max_batch_size: int,
+        max_model_len: int,
+    ) -> None:
+        self.allocator = allocator
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.requests: dict[int, Request] = {}  # every unfinished request this engine knows
+        self.preemptions = 0
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """Reject, with the numbers, a request that could never be served here."""
+        total = prompt_len + max_tokens
+        if total > self.max_model_len:
+            raise RequestTooLarge(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+                f"the maximum context length {self.max_model_len}"
+            )
+        if self.allocator.pages_for(total) > self.allocator.num_pages:
+            raise RequestTooLarge(
+                f"{total} tokens need {self.allocator.pages_for(total)} KV pages, "
+                f"the engine has {self.allocator.num_pages}"
+            )
+
+    def add(self, req: Request) -> None:
+        self.check_fits(req.prompt_len, req.params.max_tokens)
+        req.state = State.RUNNING if req.pages else State.WAITING
+        self.requests[req.rid] = req
+
+    def runnable(self) -> list[Request]:
+        return [r for r in self.requests.values() if r.state in (State.WAITING, State.RUNNING)]
+
+    def schedule(self) -> list[Scheduled]:
+        batch: list[Scheduled] = []
+        budget = self.max_batch_tokens
+        in_batch: set[int] = set()
+        for req in sorted(self.runnable(), key=lambda r: r.arrival):
+            if budget == 0 or len(batch) == self.max_batch_size:
+                break
+            n = min(req.num_unfed, budget)
+            if not self._reserve(req, req.kv_len + n, in_batch):
+                break  # older requests keep their order; this one waits for pages
+            req.state = State.RUNNING
+            batch.append(Scheduled(req, n, completes=n == req.num_unfed))
+            in_batch.add(req.rid)
+            budget -= n
+        return batch
+
+    def _reserve(self, req: Request, num_tokens: int, in_batch: set[int]) -> bool:
+        need = self.allocator.pages_for(num_tokens) - len(req.pages)
+        while need > self.allocator.num_free:
+            victim = self._victim(req, in_batch)
+            if victim is None:
+                return False
+            self.preempt(victim)
+        if need > 0:
+            req.pages.extend(self.allocator.allocate(req.rid, need))
+        return True
+
+    def _victim(self, req: Request, in_batch: set[int]) -> Request | None:
+        holders = [
+            r
+            for r in self.requests.values()
+            if r.pages and r.rid not in in_batch and r is not req and r.arrival > req.arrival
+        ]
+        return max(holders, key=lambda r: r.arrival, default=None)
+
+    def preempt(self, req: Request) -> None:
+        """Free a request's pages; it recomputes its committed sequence when it runs again."""
+        self.preemptions += 1
+        self.allocator.free(req.rid, req.pages)
+        req.pages = []
+        req.kv_len = 0
+        if req.state is State.RUNNING:
+            req.state = State.WAITING
+
+    def finish(self, req: Request) -> None:
+        self.allocator.free(req.rid, req.pages)
+        req.pages = []
+        req.state = State.FINISHED
+        del self.requests[req.rid]
+
+    def check_integrity(self) -> None:
+        self.allocator.check_integrity({r.rid: r.pages for r in self.requests.values()})
+        for r in self.requests.values():
+            r.check()
+            if len(r.pages) < self.allocator.pages_for(r.kv_len):
+                raise AssertionError(f"request {r.rid}: {r.kv_len} cached tokens, too few pages")

@@ -1,0 +1,28 @@
+"""What an engine process needs to start: a frozen, picklable description."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    model: int  # index; 0 = the entry model that receives Submits
+    name: str
+    path: str
+    num_models: int
+    policy: str
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    device: str = "cpu"
+    kv_tokens: int = 32768
+    page_size: int = 16
+    max_batch_tokens: int = 1024
+    max_batch_size: int = 64
+    max_model_len: int | None = None
+    attention: str = "auto"
+    threads: int = 1
+    thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
+    max_wait_ms: float = 20.0
+    env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA MPS pipe directory

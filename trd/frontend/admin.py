@@ -1,0 +1,222 @@
+"""The admin API that `trctl` talks to; it listens only on loopback or a unix socket.
+
+GET  /status       engines, memory plan, KV pages, active requests, rates, thresholds
+GET  /thresholds   delayed-batching thresholds: what is set and what each engine reports
+POST /thresholds   {"thresholds": {"large": [1, 2, 4]}, "max_wait_ms": 20}: apply live
+GET  /thresholds/recommend   the Markov model's best thresholds from live measurements
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from trd.config import ConfigError, parse_thresholds
+from trd.frontend.app import openai_errors, read_json
+from trd.frontend.hub import Hub
+from trd.frontend.openai_api import ApiError
+from trd.memplan.plan import MemoryPlan
+from trd.supervisor import Supervisor
+from trd.thresholds.live import recommend_live
+
+log = logging.getLogger("trd.admin")
+
+RATE_WINDOW_S = 10.0
+SAMPLE_EVERY_S = 1.0
+APPLY_TIMEOUT_S = 3.0
+
+
+class Rates:
+    """Tokens/s and handoffs/s per engine over the last RATE_WINDOW_S, from Stats counters."""
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, dict[str, tuple[float, float]]]] = deque()
+
+    def sample(self, stats: dict[str, dict[str, Any]], now: float) -> None:
+        point = {
+            name: (float(b.get("tokens_committed", 0)), float(b.get("handoffs_out", 0)))
+            for name, b in stats.items()
+        }
+        if self.samples and any(
+            point.get(n, (0.0, 0.0))[0] < old[0] for n, old in self.samples[-1][1].items()
+        ):
+            self.samples.clear()  # the engines restarted; their counters began again
+        self.samples.append((now, point))
+        while now - self.samples[0][0] > RATE_WINDOW_S:
+            self.samples.popleft()
+
+    def per_second(self) -> dict[str, tuple[float, float]]:
+        """Rates over the window, for each engine seen in at least two samples."""
+        if not self.samples:
+            return {}
+        t1, last = self.samples[-1]
+        out = {}
+        for name, (tokens, handoffs) in last.items():
+            t0, first = next((t, p[name]) for t, p in self.samples if name in p)
+            if t1 > t0:
+                out[name] = ((tokens - first[0]) / (t1 - t0), (handoffs - first[1]) / (t1 - t0))
+        return out
+
+
+class AdminApi:
+    def __init__(self, sup: Supervisor, hub: Hub, plan: MemoryPlan) -> None:
+        self.sup, self.hub, self.plan = sup, hub, plan
+        self.rates = Rates()
+        self.started = time.time()
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[openai_errors])
+        app.router.add_get("/status", self.status)
+        app.router.add_get("/thresholds", self.thresholds)
+        app.router.add_post("/thresholds", self.set_thresholds)
+        app.router.add_get("/thresholds/recommend", self.recommend)
+        app.cleanup_ctx.append(self._sampler)
+        if self.sup.cfg.auto_interval_s > 0:
+            app.cleanup_ctx.append(self._autotuner)
+        return app
+
+    async def _recommendation(self) -> dict[str, Any]:
+        stats = self.sup.engine_stats()
+        by_index = {s.model: stats[s.name] for s in self.sup.specs if s.name in stats}
+        if len(by_index) < len(self.sup.specs):
+            raise ApiError(503, "not every engine has reported statistics yet", code="no_data")
+        try:
+            # The solver is CPU-bound: keep it off the event loop.
+            out = await asyncio.get_running_loop().run_in_executor(None, recommend_live, by_index)
+        except ValueError as exc:
+            raise ApiError(
+                409, f"not enough live measurements yet: {exc}", code="no_data"
+            ) from None
+        out["models"] = {s.name: out["table"][s.model] for s in self.sup.specs}
+        return out
+
+    async def recommend(self, request: web.Request) -> web.Response:
+        return web.json_response(await self._recommendation())
+
+    async def _autotuner(self, app: web.Application) -> AsyncIterator[None]:
+        """`batching.auto_interval_s` > 0: re-optimise on that interval, log each change."""
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(self.sup.cfg.auto_interval_s)
+                try:
+                    rec = await self._recommendation()
+                except ApiError as exc:
+                    log.info("thresholds auto: skipped (%s)", exc.message)
+                    continue
+                wanted = {name: tuple(t) for name, t in rec["models"].items()}
+                current = {s.name: s.thresholds for s in self.sup.specs}
+                if wanted != current:
+                    log.info("thresholds auto: %s -> %s", current, wanted)
+                    self.sup.set_thresholds(wanted, self.sup.specs[0].max_wait_ms)
+
+        task = asyncio.get_running_loop().create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _sampler(self, app: web.Application) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                self.rates.sample(self.sup.engine_stats(), time.monotonic())
+                await asyncio.sleep(SAMPLE_EVERY_S)
+
+        task = asyncio.get_running_loop().create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def _engines(self) -> list[dict[str, Any]]:
+        stats, rates = self.sup.engine_stats(), self.rates.per_second()
+        out = []
+        for spec, mem in zip(self.sup.specs, self.plan.models, strict=True):
+            state, pid = self.sup.engine_state(spec)
+            s = stats.get(spec.name, {})
+            total, used = s.get("kv_pages_total", mem.pages), s.get("kv_pages_used")
+            tok_s, hand_s = rates.get(spec.name, (None, None))
+            out.append({
+                "model": spec.model, "name": spec.name, "path": spec.path, "dtype": spec.dtype,
+                "device": spec.device, "pid": pid, "state": state, "kv_pages_total": total,
+                "kv_pages_used": used, "kv_pages_free": None if used is None else total - used,
+                "running": s.get("running"), "waiting": s.get("waiting"),
+                "pending": s.get("pending"), "batch_size_mean": s.get("batch_size_mean"),
+                "step_ms_p50": s.get("step_ms_p50"), "tokens_per_s": tok_s,
+                "handoffs_per_s": hand_s, "tokens_committed": s.get("tokens_committed"),
+                "handoffs_out": s.get("handoffs_out"), "thresholds": s.get("thresholds"),
+                "max_wait_ms": s.get("max_wait_ms"),
+            })  # fmt: skip
+        return out
+
+    async def status(self, request: web.Request) -> web.Response:
+        cfg = self.sup.cfg
+        engines = self._engines()
+        handoffs = [e["handoffs_per_s"] for e in engines if e["handoffs_per_s"] is not None]
+        body = {
+            "state": self.hub.state, "reason": self.hub.reason, "pid": os.getpid(),
+            "uptime_s": time.time() - self.started, "restarts": self.sup.restarts,
+            "model": "+".join(s.name for s in self.sup.specs),
+            "active_requests": len(self.hub.gens), "max_inflight": cfg.max_inflight,
+            "policy": {"name": cfg.policy, **cfg.policy_params},
+            "handoffs_per_s": sum(handoffs) if handoffs else None,
+            "engines": engines, "thresholds": self._threshold_view(),
+            "memory_plan": self.plan.to_dict(), "memory_plan_table": self.plan.to_table(),
+        }  # fmt: skip
+        return web.json_response(body)
+
+    def _threshold_view(self) -> dict[str, Any]:
+        stats = self.sup.engine_stats()
+        return {
+            "max_wait_ms": self.sup.specs[0].max_wait_ms,
+            "models": {
+                s.name: {
+                    "set": list(s.thresholds),
+                    "engine": stats.get(s.name, {}).get("thresholds"),
+                }
+                for s in self.sup.specs
+            },
+        }
+
+    async def thresholds(self, request: web.Request) -> web.Response:
+        return web.json_response(self._threshold_view())
+
+    async def set_thresholds(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        if not isinstance(body, dict) or set(body) - {"thresholds", "max_wait_ms"}:
+            raise ApiError(400, "expected {'thresholds': {model: [B, ...]}, 'max_wait_ms': ms}")
+        names = [s.name for s in self.sup.specs]
+        raw = body.get("thresholds") or {}
+        wait = body.get("max_wait_ms", self.sup.specs[0].max_wait_ms)
+        if not isinstance(raw, dict) or (not raw and "max_wait_ms" not in body):
+            raise ApiError(400, "thresholds: expected a non-empty {model: [B, ...]} mapping")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise ApiError(400, f"max_wait_ms: expected a number >= 0, got {wait!r}")
+        try:
+            wanted = {}
+            for name, value in raw.items():
+                if name not in names:
+                    raise ApiError(404, f"thresholds: no model {name!r} (models: {names})")
+                wanted[name] = parse_thresholds(f"thresholds.{name}", value)
+        except ConfigError as exc:
+            raise ApiError(400, str(exc)) from None
+        self.sup.set_thresholds(wanted, float(wait))
+        await self._until_applied()
+        return web.json_response(self._threshold_view())
+
+    async def _until_applied(self) -> None:
+        """Wait (briefly) until every live engine reports the thresholds just set."""
+        deadline = time.monotonic() + APPLY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            view = self._threshold_view()["models"]
+            if all(v["engine"] in (None, v["set"]) for v in view.values()):
+                return
+            await asyncio.sleep(0.05)

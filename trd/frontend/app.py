@@ -1,0 +1,233 @@
+"""The OpenAI-compatible HTTP API: completions, chat completions, models, health, metrics.
+
+    POST /v1/completions        POST /v1/chat/completions     (both: JSON or SSE stream)
+    GET  /v1/models             GET  /health (503 unless serving)     GET /metrics
+
+Streams send each text delta as soon as its tokens are committed by whichever engine,
+in order. Every error body is OpenAI's `{"error": {message, type, param, code}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiohttp import web
+
+from trd.frontend.hub import Generation, Hub
+from trd.frontend.metrics import Metrics
+from trd.frontend.openai_api import ApiError, GenRequest, parse_chat, parse_completion
+from trd.frontend.responses import Shaper, Usage
+from trd.frontend.stream import TextStream
+from trd.frontend.tokens import PromptEncoder
+from trd.logs import kv
+from trd.protocol import FinishReason, SamplingParams
+
+log = logging.getLogger("trd.frontend")
+
+MAX_BODY_BYTES = 4 << 20
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the API serves: one routed model made of `names`, its tokenizer and limits."""
+
+    names: list[str]
+    encoder: PromptEncoder
+    max_model_len: int
+    vocab_size: int
+    created: int
+
+    @property
+    def model_id(self) -> str:
+        return "+".join(self.names)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a request ended, for its log line and metrics."""
+
+    status: int = 200
+    finish: str = "error"
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPException as exc:  # no such route, wrong method, body too large
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        err = ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", type=kind)
+        return web.json_response(err.body(), status=exc.status)
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes") from None
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+class OpenAIApi:
+    def __init__(self, served: Served, hub: Hub, metrics: Metrics) -> None:
+        self.served, self.hub, self.metrics = served, hub, metrics
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.prometheus)
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.served.model_id, "object": "model", "created": self.served.created,
+                "owned_by": "tokenrouterd", "models": self.served.names}  # fmt: skip
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.hub.state == "serving":
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": self.hub.state, "reason": self.hub.reason}, status=503)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        body = self.metrics.render()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json(request)
+        req = parse_completion(body, self.served.model_id, self.served.vocab_size)
+        return await self._generate(request, req, "completions")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await read_json(request)
+        req = parse_chat(body, self.served.model_id, self.served.vocab_size)
+        return await self._generate(request, req, "chat")
+
+    async def _prompt(self, req: GenRequest) -> tuple[list[int], SamplingParams]:
+        enc = self.served.encoder
+        if req.messages is not None:
+            ids = await asyncio.to_thread(enc.chat, req.messages)
+        elif isinstance(req.prompt, str):
+            ids = await asyncio.to_thread(enc.encode, req.prompt)
+        else:
+            ids = list(req.prompt or [])
+        limit, param = self.served.max_model_len, "messages" if req.chat else "prompt"
+        too_long = "context_length_exceeded"
+        if len(ids) >= limit:
+            msg = f"the prompt has {len(ids)} tokens; the context of {limit} must leave room"
+            raise ApiError(400, f"{msg} for output", param, too_long)
+        max_tokens = req.max_tokens or limit - len(ids)
+        if len(ids) + max_tokens > limit:
+            msg = f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context"
+            raise ApiError(400, f"{msg} of {limit} tokens", "max_tokens", too_long)
+        return ids, replace(req.params, max_tokens=max_tokens)
+
+    async def _generate(
+        self, request: web.Request, req: GenRequest, endpoint: str
+    ) -> web.StreamResponse:
+        prompt, params = await self._prompt(req)
+        gen = self.hub.submit(prompt, params)
+        kind = "chatcmpl" if req.chat else "cmpl"
+        shaper = Shaper(req.chat, f"{kind}-{uuid.uuid4().hex}", self.served.model_id)
+        text = TextStream(self.served.encoder.decoder, req.stop)
+        outcome = Outcome()
+        try:
+            if req.stream:
+                return await self._stream(request, req, gen, text, shaper, outcome)
+            out = "".join([delta async for delta in self._texts(gen, text)])
+            outcome.finish = self._finish_reason(gen, text)
+            return web.json_response(shaper.final(out, outcome.finish, self._usage(gen)))
+        except ApiError as exc:
+            outcome.status = exc.status
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            outcome.status, outcome.finish = 499, "client_gone"  # nginx's code: client left
+            raise
+        finally:
+            self.hub.release(gen)
+            self._record(shaper.id, endpoint, outcome, gen)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: GenRequest,
+        gen: Generation,
+        text: TextStream,
+        shaper: Shaper,
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+
+        async def send(body: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
+
+        if req.chat:
+            await send(shaper.chunk(None))
+        try:
+            async for delta in self._texts(gen, text):
+                await send(shaper.chunk(delta))
+            outcome.finish = self._finish_reason(gen, text)
+            await send(shaper.chunk("", outcome.finish))
+            if req.include_usage:
+                await send(shaper.usage_chunk(self._usage(gen)))
+        except ApiError as exc:
+            # Headers are sent: the error travels as an event (the openai client raises it).
+            outcome.status = exc.status
+            await send(exc.body())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    def _record(self, rid: str, endpoint: str, outcome: Outcome, gen: Generation) -> None:
+        usage = self._usage(gen)
+        now = time.perf_counter()
+        ttft = None if gen.first_token_at is None else gen.first_token_at - gen.start
+        self.metrics.observe(endpoint, outcome.status, usage, ttft, now - gen.start)
+        per_model = ",".join(f"{k}:{v}" for k, v in usage.tokens_per_model.items())
+        log.info("request %s", kv(
+            id=rid, endpoint=endpoint, status=outcome.status, finish=outcome.finish,
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            tokens_per_model=per_model, switches=usage.model_switches,
+            ttft_ms="-" if ttft is None else f"{ttft * 1e3:.1f}",
+            e2e_ms=f"{(now - gen.start) * 1e3:.1f}", error=gen.error or "-",
+        ))  # fmt: skip
+
+    async def _texts(self, gen: Generation, text: TextStream) -> AsyncIterator[str]:
+        async for ids in gen.chunks():
+            delta = text.push(ids)
+            if delta:
+                yield delta
+            if text.stopped:
+                return
+        if gen.finish in (FinishReason.ERROR, FinishReason.ABORT):
+            kind = "service_unavailable" if gen.error_status == 503 else "server_error"
+            raise ApiError(gen.error_status, gen.error or "aborted", type=kind, code="engine_error")
+        tail = text.finish()
+        if tail:
+            yield tail
+
+    @staticmethod
+    def _finish_reason(gen: Generation, text: TextStream) -> str:
+        return "stop" if text.stopped or gen.finish is FinishReason.STOP else "length"
+
+    def _usage(self, gen: Generation) -> Usage:
+        return Usage.of(gen.prompt_len, gen.models, self.served.names)

@@ -1,0 +1,109 @@
+"""Prometheus metrics: request outcomes and latencies, tokens per model, engine gauges.
+
+Request-side series are updated as requests finish. Engine-side series are read from
+the engines' latest Stats at scrape time (a collector), so they cost nothing between
+scrapes. Every series lives in the app's own registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from trd.frontend.responses import Usage
+
+# TTFT on the CPU demo is tens of ms; on a loaded GPU host seconds.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+EngineStats = Callable[[], dict[str, dict[str, Any]]]  # engine name -> latest Stats body
+
+
+class _EngineCollector(Collector):
+    # (metric name, stats key, help)
+    GAUGES = (
+        ("trd_engine_queue_depth", "waiting", "Requests waiting for a forward on the engine"),
+        ("trd_engine_running", "running", "Requests in the engine's running set"),
+        ("trd_engine_pending", "pending", "Requests handed to a peer, keeping their KV pages"),
+        ("trd_engine_batch_size", "batch_size_mean", "Mean batch size of recent forwards"),
+        ("trd_engine_step_ms_p50", "step_ms_p50", "Median forward latency in ms"),
+        ("trd_kv_pages_used", "kv_pages_used", "KV cache pages in use"),
+        ("trd_kv_pages_total", "kv_pages_total", "KV cache pages of the engine"),
+    )
+    COUNTERS = (
+        ("trd_handoffs", "handoffs_out", "Handoffs sent to another model"),
+        ("trd_engine_tokens_committed", "tokens_committed", "Output tokens the engine committed"),
+        ("trd_engine_steps", "steps", "Forwards the engine ran"),
+    )
+
+    def __init__(self, stats: EngineStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats()
+        for name, key, doc in self.GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=["model"])
+            for model, body in stats.items():
+                if isinstance(body.get(key), int | float):
+                    family.add_metric([model], float(body[key]))
+            yield family
+        for name, key, doc in self.COUNTERS:
+            counter = CounterMetricFamily(name, doc, labels=["model"])
+            for model, body in stats.items():
+                if isinstance(body.get(key), int | float):
+                    counter.add_metric([model], float(body[key]))
+            yield counter
+
+
+class Metrics:
+    def __init__(self, engine_stats: EngineStats, active: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "trd_requests", "Finished requests by endpoint and HTTP status",
+            ["endpoint", "status"], registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter("trd_prompt_tokens", "Prompt tokens served", registry=r)
+        self.tokens = Counter(
+            "trd_generated_tokens", "Output tokens by producing model", ["model"], registry=r
+        )
+        self.switches = Counter(
+            "trd_model_switches", "Changes of producing model between output tokens", registry=r
+        )
+        self.ttft = Histogram(
+            "trd_time_to_first_token_seconds", "Time to first token", registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "trd_time_per_output_token_seconds", "Time per output token after the first",
+            registry=r, buckets=_TOKEN_BUCKETS,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "trd_e2e_request_latency_seconds", "Request latency, arrival to last token",
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
+        Gauge("trd_active_requests", "Requests in flight", registry=r).set_function(
+            lambda: float(active())
+        )
+        r.register(_EngineCollector(engine_stats))
+
+    def observe(
+        self, endpoint: str, status: int, usage: Usage, ttft: float | None, e2e: float
+    ) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        for model, n in usage.tokens_per_model.items():
+            self.tokens.labels(model).inc(n)
+        self.switches.inc(usage.model_switches)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if usage.completion_tokens > 1:
+                self.tpot.observe((e2e - ttft) / (usage.completion_tokens - 1))
+        self.e2e.observe(e2e)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,76 @@
+"""Response bodies and stream chunks in OpenAI's shapes, plus our per-model token counts.
+
+Every final body and the usage chunk carry, next to OpenAI's `usage`:
+    "tokens_per_model": {"small": 40, "large": 9}   output tokens by producing model
+    "model_switches": 7                             changes of producer between tokens
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    tokens_per_model: dict[str, int]
+    model_switches: int
+
+    @classmethod
+    def of(cls, prompt_len: int, models: list[int], names: list[str]) -> Usage:
+        counts = Counter(models)
+        switches = sum(a != b for a, b in itertools.pairwise(models))
+        per_model = {name: counts.get(i, 0) for i, name in enumerate(names)}
+        return cls(prompt_len, len(models), per_model, switches)
+
+    def fields(self) -> dict[str, Any]:
+        total = self.prompt_tokens + self.completion_tokens
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+        return {
+            "usage": {**usage, "total_tokens": total},
+            "tokens_per_model": self.tokens_per_model,
+            "model_switches": self.model_switches,
+        }
+
+
+class Shaper:
+    """Builds the bodies of one request (completion or chat) under one id and timestamp."""
+
+    def __init__(self, chat: bool, rid: str, model: str) -> None:
+        self.chat, self.id, self.model = chat, rid, model
+        self.created = int(time.time())
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        if chunk and self.chat:
+            kind = "chat.completion.chunk"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def final(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self._head(chunk=False), "choices": [choice], **usage.fields()}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict[str, Any]:
+        """A text delta; `None` text opens a chat stream (the assistant role, no content)."""
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        if self.chat:
+            choice["delta"] = (
+                {"role": "assistant", "content": ""} if text is None else {"content": text}
+            )
+            if finish_reason is not None:
+                choice["delta"] = {}
+        else:
+            choice["text"] = text or ""
+        return {**self._head(chunk=True), "choices": [choice]}
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._head(chunk=True), "choices": [], **usage.fields()}

@@ -1,0 +1,83 @@
+"""Output text of one request as its tokens arrive: UTF-8-safe and stop-string aware.
+
+Byte-level BPE splits a character across tokens ('ö' may be two tokens, each decoding
+to U+FFFD alone), so text is decoded over a window that begins a few tokens back:
+
+    ids:   ... | ids[prefix:read] (decoded before) | ids[read:] (new) |
+    new text = decode(ids[prefix:]) minus decode(ids[prefix:read])
+
+and nothing is released while the window ends inside a character.
+
+Stop strings: text is released only up to the start of the longest suffix that could
+still grow into a stop string, so no partial stop text ever reaches the client; once a
+stop string appears, the text is cut before it and the stream ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import Tokenizer
+
+_REPLACEMENT = "\ufffd"
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()) -> None:
+        self.tok = tokenizer
+        self.stops = tuple(stops)
+        self.ids: list[int] = []
+        self.prefix = 0  # window start: context for decoding the new ids
+        self.read = 0  # ids before this are in `text`
+        self.text = ""
+        self.sent = 0  # characters of `text` released
+        self.stopped = False  # a stop string matched; `text` ends before it
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add tokens; return the text that became safe to send ("" if none)."""
+        if self.stopped:
+            return ""
+        self.ids.extend(ids)
+        self._decode(final=False)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The request ended: decode what is left (even a broken character) and release it."""
+        if self.stopped:
+            return ""
+        self._decode(final=True)
+        return self._release(final=True)
+
+    def _decode(self, final: bool) -> None:
+        if self.read == len(self.ids):
+            return
+        before = self.tok.decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
+        window = self.tok.decode(self.ids[self.prefix :], skip_special_tokens=True)
+        if window.endswith(_REPLACEMENT) and not final:
+            return  # the last character is incomplete; wait for its remaining bytes
+        self.text += window[len(before) :]
+        self.prefix, self.read = self.read, len(self.ids)
+
+    def _release(self, final: bool) -> str:
+        cut = self._find_stop()
+        if cut is not None:
+            self.text, self.stopped = self.text[:cut], True
+            end = cut
+        else:
+            end = len(self.text) if final else len(self.text) - self._held()
+        out, self.sent = self.text[self.sent : end], max(self.sent, end)
+        return out
+
+    def _find_stop(self) -> int | None:
+        # A match cannot start before `sent`: its beginning would have been held back.
+        hits = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def _held(self) -> int:
+        """Length of the longest suffix of the unsent text that begins some stop string."""
+        tail = self.text[self.sent :]
+        longest = max((len(s) - 1 for s in self.stops), default=0)
+        for k in range(min(longest, len(tail)), 0, -1):
+            if any(s.startswith(tail[-k:]) for s in self.stops):
+                return k
+        return 0

@@ -1,0 +1,60 @@
+"""A few shared int64 counters: the global view delayed batching needs.
+
+    slot 0        active requests in the daemon (written by the front end)
+    slot 1 + i    requests runnable or running on engine i (written by engine i)
+
+Each slot has exactly one writer; readers tolerate a stale value (it only makes an
+engine launch a little early or late, never deadlocks: see the max_wait guard).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from trd.ipc.ring import map_segment
+
+ACTIVE = 0
+
+
+class Counters:
+    def __init__(self, name: str, num_engines: int, shm: SharedMemory | None = None) -> None:
+        self.name, self.num_engines = name, num_engines
+        self._shm = shm
+        self._mm = map_segment(name)
+        self._slots = np.frombuffer(self._mm, dtype=np.int64, count=1 + num_engines)
+
+    @classmethod
+    def create(cls, name: str, num_engines: int) -> Counters:
+        shm = SharedMemory(name, create=True, size=8 * (1 + num_engines))
+        shm.close()
+        return cls(name, num_engines, shm)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Counters, (self.name, self.num_engines)
+
+    @property
+    def active(self) -> int:
+        return int(self._slots[ACTIVE])
+
+    def set_active(self, n: int) -> None:
+        self._slots[ACTIVE] = n
+
+    def busy(self, engine: int) -> int:
+        return int(self._slots[1 + engine])
+
+    def set_busy(self, engine: int, n: int) -> None:
+        self._slots[1 + engine] = n
+
+    def others_idle(self, engine: int) -> bool:
+        return all(self._slots[1 + j] == 0 for j in range(self.num_engines) if j != engine)
+
+    def unlink(self) -> None:
+        """Owner only; safe to call twice."""
+        if self._shm is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._shm.unlink()
+            self._shm = None

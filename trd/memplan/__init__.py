@@ -1,0 +1,3 @@
+"""Memory planning: weights, KV capacity and reserves of every model per device."""
+
+from __future__ import annotations

@@ -1,0 +1,39 @@
+"""Decide from the `mps:` setting and the host whether to run the MPS control daemon."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from trd.devices import GpuInfo
+from trd.mps.manager import MpsError
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "install the Debian package nvidia-cuda-mps (from the non-free component), or set mps: off"
+)
+
+
+def resolve_mps(
+    mode: Literal["auto", "required", "off"], gpus: list[GpuInfo], binary: str | None
+) -> bool:
+    """Whether to start MPS; `binary` is the control binary's path, None if not on PATH.
+
+    `auto` quietly falls back (one info line) when the GPU or the binary is
+    missing; `required` raises MpsError naming what is missing.
+    """
+    if mode == "off":
+        return False
+    missing = []
+    if not gpus:
+        missing.append("no GPU found by NVML")
+    if binary is None:
+        missing.append(f"nvidia-cuda-mps-control is not on PATH ({INSTALL_HINT})")
+    if not missing:
+        return True
+    reason = "; ".join(missing)
+    if mode == "required":
+        raise MpsError(f"mps: required, but {reason}")
+    log.info("MPS not used (mps: auto): %s", reason)
+    return False

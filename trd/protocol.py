@@ -1,0 +1,427 @@
+"""Messages exchanged between the front end and the engines, and their binary codec.
+
+Every message is a slotted dataclass. A frame is a one-byte type tag, a version byte,
+a fixed little-endian struct header and then the variable parts (numpy arrays as raw
+bytes, strings as utf-8), in the order drawn below. No pickle: a frame from a peer on
+another host is untrusted input, and `decode` turns every malformed frame into a
+`ProtocolError`.
+
+    params block P (33 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
+                            | seed i64 (-1 = None) | ignore_eos u8 | n_stop u32
+                            then stop_token_ids i32[n_stop]
+
+    Submit  (tag 1):  tag u8 | ver u8 | rid u64 | arrival f64 | n_prompt u32
+                      | P | prompt i32[n_prompt]
+    PeerReq (tag 2):  tag u8 | ver u8 | rid u64 | src u8 | dst u8 | handoff_seq u32
+                      | kind u8 | loc u32 | prompt_len u32 | sent_at f64 | n_tokens u32
+                      | n_extra u32 | has_params u8 | n_anchors u8
+                      | [P if has_params] | tokens i32[n_tokens] | anchors u32[n_anchors]
+                      | extra u8[n_extra]
+    Emit    (tag 3):  tag u8 | ver u8 | rid u64 | pos u32 | finish u8 | n u32 | n_error u32
+                      | tokens i32[n] | models u8[n] | error utf-8[n_error]
+    Abort   (tag 4):  tag u8 | ver u8 | rid u64
+    Ready   (tag 5):  tag u8 | ver u8 | model u8 | pid u32 | kv_pages u32 | page_size u32
+                      | n_error u32 | error utf-8[n_error]
+    Done    (tag 6):  tag u8 | ver u8 | rid u64 | model u8 | fed_tokens u32 | forwards u32
+                      | holders u64 | n_lat u32 | handoff_latencies f32[n_lat]
+    Stats   (tag 7):  tag u8 | ver u8 | model u8 | n u32 | body utf-8 JSON[n]
+    Control (tag 8):  tag u8 | ver u8 | n u32 | body utf-8 JSON[n]
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+VERSION = 1
+MAX_EXTRA = 64 * 1024
+
+
+class ProtocolError(ValueError):
+    """A frame that cannot be decoded, or a message that cannot be encoded."""
+
+
+class FinishReason(IntEnum):
+    NONE = 0
+    STOP = 1  # eos or a stop token
+    LENGTH = 2  # max_tokens reached
+    ABORT = 3
+    ERROR = 4
+
+
+class PeerKind(IntEnum):
+    HANDOFF = 1
+    FINISH = 2
+    ABORT = 3
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # None = unseeded
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.max_tokens >= 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not self.top_k >= 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k!r}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be None or in [0, 2**63), got {self.seed!r}")
+        # Token ids travel as int32 on the wire.
+        ids = self.stop_token_ids
+        if ids and not (min(ids) >= 0 and max(ids) < 2**31):
+            raise ValueError(f"stop_token_ids must be in [0, 2**31), got {self.stop_token_ids!r}")
+
+
+@dataclass(slots=True)
+class Submit:
+    """Front end -> entry engine: a new request."""
+
+    rid: int
+    prompt: np.ndarray  # int32 token ids, len >= 1
+    params: SamplingParams
+    arrival: float  # time.time() seconds
+
+
+@dataclass(slots=True)
+class PeerReq:
+    """Engine -> engine: a handoff, finish or abort of one request."""
+
+    rid: int
+    src: int  # model index
+    dst: int
+    handoff_seq: int  # strictly increasing per request; stale or duplicate ones are ignored
+    kind: PeerKind
+    loc: int  # position in the full sequence (prompt + output) where `tokens` starts
+    tokens: np.ndarray  # int32: the suffix dst has not materialised
+    prompt_len: int
+    params: SamplingParams | None  # present on a request's first arrival at dst
+    extra: bytes  # policy-defined, <= MAX_EXTRA bytes
+    sent_at: float  # time.perf_counter() at send, for handoff latency stats
+    anchors: np.ndarray  # uint32, one per model (<= 255): committed tokens model j holds
+
+
+@dataclass(slots=True)
+class Emit:
+    """Engine -> front end: committed output tokens of one request."""
+
+    rid: int
+    pos: int  # output position of tokens[0] (0 = first generated token)
+    tokens: np.ndarray  # int32
+    models: np.ndarray  # uint8, producing model per token
+    finish: FinishReason  # NONE while running
+    error: str = ""  # set when finish == ERROR
+
+
+@dataclass(slots=True)
+class Abort:
+    """Front end -> engine: the client went away."""
+
+    rid: int
+
+
+@dataclass(slots=True)
+class Ready:
+    """Engine -> front end, once after the model is loaded."""
+
+    model: int
+    pid: int
+    kv_pages: int
+    page_size: int
+    error: str = ""  # non-empty: the engine failed to start, and why
+
+
+@dataclass(slots=True)
+class Done:
+    """Engine -> front end: the engine freed a request; its per-request stats."""
+
+    rid: int
+    model: int  # the engine reporting
+    fed_tokens: int  # tokens this engine ran through its model for the request
+    forwards: int  # forwards that produced a candidate for it on this engine
+    holders: int  # bitmask of models that held the request (bit j = model j)
+    handoff_latencies: np.ndarray  # float32 seconds, one per handoff this engine received
+
+
+@dataclass(slots=True)
+class Stats:
+    """Engine -> front end, periodically: a JSON object of counters and live estimates."""
+
+    model: int
+    body: str
+
+
+@dataclass(slots=True)
+class Control:
+    """Front end -> engine: a JSON command (e.g. new delayed-batching thresholds)."""
+
+    body: str
+
+
+Message = Submit | PeerReq | Emit | Abort | Ready | Done | Stats | Control
+
+_T_SUBMIT, _T_PEER, _T_EMIT, _T_ABORT, _T_READY, _T_DONE = 1, 2, 3, 4, 5, 6
+_T_STATS, _T_CONTROL = 7, 8
+MAX_MODELS = 255
+_PARAMS = struct.Struct("<IddIqBI")
+_SUBMIT = struct.Struct("<BBQdI")
+_PEER = struct.Struct("<BBQBBIBIIdIIBB")
+_EMIT = struct.Struct("<BBQIBII")
+_ABORT = struct.Struct("<BBQ")
+_READY = struct.Struct("<BBBIIII")
+_DONE = struct.Struct("<BBQBIIQI")
+_STATS = struct.Struct("<BBBI")
+_CONTROL = struct.Struct("<BBI")
+_I32 = np.dtype(np.int32)
+_U32 = np.dtype(np.uint32)
+_U8 = np.dtype(np.uint8)
+_F32 = np.dtype(np.float32)
+_PEER_KINDS = {k.value: k for k in PeerKind}
+_FINISH_REASONS = {f.value: f for f in FinishReason}
+
+
+def _raw(name: str, arr: np.ndarray, dtype: np.dtype = _I32) -> bytes:
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1:
+        raise ProtocolError(f"{name} must be a 1-D {dtype} numpy array, got {arr!r:.80}")
+    return arr.tobytes()
+
+
+def _enc_params(p: SamplingParams) -> bytes:
+    seed = -1 if p.seed is None else p.seed
+    head = _PARAMS.pack(
+        p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, len(p.stop_token_ids)
+    )
+    n = len(p.stop_token_ids)
+    return head + struct.pack(f"<{n}i", *p.stop_token_ids) if n else head
+
+
+def _enc_submit(m: Submit) -> bytes:
+    if len(m.prompt) == 0:
+        raise ProtocolError("Submit.prompt must not be empty")
+    head = _SUBMIT.pack(_T_SUBMIT, VERSION, m.rid, m.arrival, len(m.prompt))
+    return head + _enc_params(m.params) + _raw("Submit.prompt", m.prompt)
+
+
+def _enc_peer(m: PeerReq) -> bytes:
+    if len(m.extra) > MAX_EXTRA:
+        raise ProtocolError(f"PeerReq.extra is {len(m.extra)} bytes, limit {MAX_EXTRA}")
+    tokens, anchors = _raw("PeerReq.tokens", m.tokens), _raw("PeerReq.anchors", m.anchors, _U32)
+    if len(m.anchors) > MAX_MODELS:
+        raise ProtocolError(f"PeerReq.anchors has {len(m.anchors)} entries, limit {MAX_MODELS}")
+    head = _PEER.pack(
+        _T_PEER, VERSION, m.rid, m.src, m.dst, m.handoff_seq, m.kind, m.loc, m.prompt_len,
+        m.sent_at, len(m.tokens), len(m.extra), m.params is not None, len(m.anchors),
+    )  # fmt: skip
+    params = b"" if m.params is None else _enc_params(m.params)
+    return b"".join((head, params, tokens, anchors, m.extra))
+
+
+def _enc_emit(m: Emit) -> bytes:
+    tokens, models = _raw("Emit.tokens", m.tokens), _raw("Emit.models", m.models, _U8)
+    if m.models.shape != m.tokens.shape:
+        raise ProtocolError(f"Emit.models {m.models.shape} != Emit.tokens {m.tokens.shape}")
+    error = m.error.encode()
+    head = _EMIT.pack(_T_EMIT, VERSION, m.rid, m.pos, m.finish, len(m.tokens), len(error))
+    return b"".join((head, tokens, models, error))
+
+
+def _enc_abort(m: Abort) -> bytes:
+    return _ABORT.pack(_T_ABORT, VERSION, m.rid)
+
+
+def _enc_ready(m: Ready) -> bytes:
+    error = m.error.encode()
+    head = _READY.pack(_T_READY, VERSION, m.model, m.pid, m.kv_pages, m.page_size, len(error))
+    return head + error
+
+
+def _enc_done(m: Done) -> bytes:
+    lat = _raw("Done.handoff_latencies", m.handoff_latencies, _F32)
+    n = len(m.handoff_latencies)
+    head = _DONE.pack(_T_DONE, VERSION, m.rid, m.model, m.fed_tokens, m.forwards, m.holders, n)
+    return head + lat
+
+
+def _enc_stats(m: Stats) -> bytes:
+    body = m.body.encode()
+    return _STATS.pack(_T_STATS, VERSION, m.model, len(body)) + body
+
+
+def _enc_control(m: Control) -> bytes:
+    body = m.body.encode()
+    return _CONTROL.pack(_T_CONTROL, VERSION, len(body)) + body
+
+
+_ENCODERS: dict[type, Callable[..., bytes]] = {
+    Stats: _enc_stats,
+    Control: _enc_control,
+    Submit: _enc_submit,
+    PeerReq: _enc_peer,
+    Emit: _enc_emit,
+    Abort: _enc_abort,
+    Ready: _enc_ready,
+    Done: _enc_done,
+}
+
+
+def encode(msg: Message) -> bytes:
+    """Serialise a message into one frame; ProtocolError if a field does not fit the wire."""
+    enc = _ENCODERS.get(type(msg))
+    if enc is None:
+        raise ProtocolError(f"cannot encode {type(msg).__name__}")
+    try:
+        return enc(msg)
+    except (struct.error, UnicodeEncodeError) as e:
+        raise ProtocolError(f"cannot encode {type(msg).__name__}: {e}") from e
+
+
+def _array(buf: memoryview, off: int, n: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
+    end = off + n * dtype.itemsize
+    if end > len(buf):
+        raise ProtocolError(f"truncated frame: array needs {end} bytes, frame has {len(buf)}")
+    return np.frombuffer(buf, dtype, n, off).copy(), end
+
+
+def _utf8(buf: memoryview, off: int, n: int, name: str) -> tuple[str, int]:
+    end = off + n
+    if end > len(buf):
+        raise ProtocolError(f"truncated frame: {name} needs {end} bytes, frame has {len(buf)}")
+    try:
+        return str(buf[off:end], "utf-8"), end
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"{name} is not utf-8: {e}") from e
+
+
+def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
+    if off + _PARAMS.size > len(buf):
+        raise ProtocolError(f"truncated frame: sampling params end past {len(buf)} bytes")
+    max_tokens, temp, top_p, top_k, seed, ignore_eos, n_stop = _PARAMS.unpack_from(buf, off)
+    off += _PARAMS.size
+    end = off + 4 * n_stop
+    if end > len(buf):
+        raise ProtocolError(f"truncated frame: stop ids need {end} bytes, frame has {len(buf)}")
+    if ignore_eos > 1:
+        raise ProtocolError(f"bad ignore_eos byte {ignore_eos}")
+    try:
+        params = SamplingParams(
+            max_tokens, temp, top_p, top_k, None if seed == -1 else seed,
+            struct.unpack_from(f"<{n_stop}i", buf, off), bool(ignore_eos),
+        )  # fmt: skip
+    except ValueError as e:
+        raise ProtocolError(f"invalid sampling params: {e}") from e
+    return params, end
+
+
+def _dec_submit(buf: memoryview) -> tuple[Message, int]:
+    _, _, rid, arrival, n_prompt = _SUBMIT.unpack_from(buf)
+    if n_prompt == 0:
+        raise ProtocolError("Submit.prompt is empty")
+    params, off = _dec_params(buf, _SUBMIT.size)
+    prompt, off = _array(buf, off, n_prompt, _I32)
+    return Submit(rid, prompt, params, arrival), off
+
+
+def _dec_peer(buf: memoryview) -> tuple[Message, int]:
+    (_, _, rid, src, dst, seq, kind, loc, prompt_len, sent_at, n_tok, n_extra, has_params,
+     n_anchors) = _PEER.unpack_from(buf)  # fmt: skip
+    if kind not in _PEER_KINDS:
+        raise ProtocolError(f"bad PeerKind {kind}")
+    if n_extra > MAX_EXTRA:
+        raise ProtocolError(f"PeerReq.extra is {n_extra} bytes, limit {MAX_EXTRA}")
+    if has_params > 1:
+        raise ProtocolError(f"bad has_params byte {has_params}")
+    params, off = _dec_params(buf, _PEER.size) if has_params else (None, _PEER.size)
+    tokens, off = _array(buf, off, n_tok, _I32)
+    anchors, off = _array(buf, off, n_anchors, _U32)
+    end = off + n_extra
+    if end > len(buf):
+        raise ProtocolError(f"truncated frame: extra needs {end} bytes, frame has {len(buf)}")
+    extra = bytes(buf[off:end])
+    msg = PeerReq(rid, src, dst, seq, _PEER_KINDS[kind], loc, tokens, prompt_len, params, extra,
+                  sent_at, anchors)  # fmt: skip
+    return msg, end
+
+
+def _dec_emit(buf: memoryview) -> tuple[Message, int]:
+    _, _, rid, pos, finish, n, n_error = _EMIT.unpack_from(buf)
+    if finish not in _FINISH_REASONS:
+        raise ProtocolError(f"bad FinishReason {finish}")
+    tokens, off = _array(buf, _EMIT.size, n, _I32)
+    models, off = _array(buf, off, n, _U8)
+    error, end = _utf8(buf, off, n_error, "Emit.error")
+    return Emit(rid, pos, tokens, models, _FINISH_REASONS[finish], error), end
+
+
+def _dec_abort(buf: memoryview) -> tuple[Message, int]:
+    return Abort(_ABORT.unpack_from(buf)[2]), _ABORT.size
+
+
+def _dec_ready(buf: memoryview) -> tuple[Message, int]:
+    _, _, model, pid, kv_pages, page_size, n_error = _READY.unpack_from(buf)
+    error, end = _utf8(buf, _READY.size, n_error, "Ready.error")
+    return Ready(model, pid, kv_pages, page_size, error), end
+
+
+def _dec_done(buf: memoryview) -> tuple[Message, int]:
+    _, _, rid, model, fed_tokens, forwards, holders, n_lat = _DONE.unpack_from(buf)
+    lat, end = _array(buf, _DONE.size, n_lat, _F32)
+    return Done(rid, model, fed_tokens, forwards, holders, lat), end
+
+
+def _dec_stats(buf: memoryview) -> tuple[Message, int]:
+    _, _, model, n = _STATS.unpack_from(buf)
+    body, end = _utf8(buf, _STATS.size, n, "Stats.body")
+    return Stats(model, body), end
+
+
+def _dec_control(buf: memoryview) -> tuple[Message, int]:
+    _, _, n = _CONTROL.unpack_from(buf)
+    body, end = _utf8(buf, _CONTROL.size, n, "Control.body")
+    return Control(body), end
+
+
+_DECODERS: dict[int, tuple[struct.Struct, Callable[[memoryview], tuple[Message, int]]]] = {
+    _T_STATS: (_STATS, _dec_stats),
+    _T_CONTROL: (_CONTROL, _dec_control),
+    _T_SUBMIT: (_SUBMIT, _dec_submit),
+    _T_PEER: (_PEER, _dec_peer),
+    _T_EMIT: (_EMIT, _dec_emit),
+    _T_ABORT: (_ABORT, _dec_abort),
+    _T_READY: (_READY, _dec_ready),
+    _T_DONE: (_DONE, _dec_done),
+}
+
+
+def decode(frame: bytes | bytearray | memoryview) -> Message:
+    """Parse one frame; any malformed frame raises ProtocolError and nothing else."""
+    try:
+        buf = memoryview(frame).cast("B")
+    except TypeError as e:
+        raise ProtocolError(f"frame must be a bytes-like object, got {type(frame).__name__}") from e
+    if len(buf) < 2:
+        raise ProtocolError(f"truncated frame: {len(buf)} bytes")
+    if buf[1] != VERSION:
+        raise ProtocolError(f"unsupported protocol version {buf[1]} (expected {VERSION})")
+    entry = _DECODERS.get(buf[0])
+    if entry is None:
+        raise ProtocolError(f"unknown message tag {buf[0]}")
+    header, dec = entry
+    if len(buf) < header.size:
+        raise ProtocolError(f"truncated frame: {len(buf)} bytes, header needs {header.size}")
+    msg, end = dec(buf)
+    if end != len(buf):
+        raise ProtocolError(f"{len(buf) - end} trailing bytes after {type(msg).__name__}")
+    return msg

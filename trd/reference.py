@@ -1,0 +1,73 @@
+"""The reference loop: one request, no batching, full recomputation with transformers.
+
+It runs the same policy semantics as the daemon (the policy's decision function on the
+same logits and hidden state) but none of the runtime: no paging, no anchors, no
+pending KV, no rings. Each position recomputes the whole sequence from scratch on the
+current model. Tests use it as the oracle; benchmarks as the research-code baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from trd.engines.checkpoint import load_config
+from trd.engines.request import Request
+from trd.engines.sampler import sample
+from trd.policies import PolicyContext, RoutingPolicy, StepView, make_policy
+from trd.protocol import FinishReason, SamplingParams
+
+
+@dataclass
+class Trace:
+    tokens: list[int] = field(default_factory=list)
+    models: list[int] = field(default_factory=list)  # producer of each token
+    finish: FinishReason = FinishReason.NONE
+    fed: dict[int, int] = field(default_factory=dict)  # model -> longest sequence it ran on
+    forwards: int = 0
+
+
+class ReferenceRouter:
+    def __init__(
+        self, paths: Sequence[Path], policy: str, params: dict[str, Any], dtype: str = "float64"
+    ) -> None:
+        tdtype = getattr(torch, dtype)
+        self.models: list[PreTrainedModel] = [
+            AutoModelForCausalLM.from_pretrained(p, dtype=tdtype, attn_implementation="sdpa").eval()
+            for p in paths
+        ]
+        self.eos = load_config(Path(paths[0])).eos_token_ids
+        self.policies: list[RoutingPolicy] = [
+            make_policy(
+                policy, PolicyContext(i, len(paths), m.get_input_embeddings()), dict(params)
+            )
+            for i, m in enumerate(self.models)
+        ]
+
+    @torch.inference_mode()
+    def run(self, prompt: Sequence[int], params: SamplingParams) -> Trace:
+        seq, trace, cur = list(prompt), Trace(), 0
+        req = Request(0, seq, len(prompt), params, arrival=0.0)
+        while True:
+            out = self.models[cur](torch.tensor([seq]), output_hidden_states=True)
+            logits, hidden = out.logits[0, -1:], out.hidden_states[-1][0, -1:]
+            token = sample(logits, [params], [len(seq)])[0]
+            trace.forwards += 1
+            trace.fed[cur] = len(seq)
+            route = self.policies[cur].route([req], StepView(logits, hidden, [token]))[0]
+            if route.commit:
+                seq.append(token)
+                trace.tokens.append(token)
+                trace.models.append(cur)
+                if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos):
+                    trace.finish = FinishReason.STOP
+                elif len(trace.tokens) >= params.max_tokens:
+                    trace.finish = FinishReason.LENGTH
+                if trace.finish is not FinishReason.NONE:
+                    return trace
+            cur = route.dst

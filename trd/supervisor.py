@@ -1,0 +1,187 @@
+"""The engine group's keeper: start it, watch it on the event loop, restart it, stop it.
+
+    start() --READY--> serving --an engine dies--> restarting --READY--> serving
+                                                        | (retries used up)
+                                                        v
+                                                     fatal: the daemon exits non-zero
+
+The group's fds (the front end's wakeup eventfd, one sentinel per engine process) are
+loop readers. When an engine dies, the group has already failed its in-flight requests;
+the supervisor closes the whole group (unlinking its rings) and starts a new one after
+a backoff. `max_retries` restarts in a row are allowed; the count starts over once a
+group has served for RESET_AFTER_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import replace
+from typing import Any
+
+from trd.config import Config
+from trd.engines.group import EngineGroup, EngineStartError
+from trd.engines.spec import EngineSpec
+from trd.frontend.hub import Hub, State
+from trd.logs import StderrTap
+
+log = logging.getLogger("trd.supervisor")
+
+START_TIMEOUT_S = 600.0  # loading a large checkpoint from a cold disk takes minutes
+RESET_AFTER_S = 300.0
+
+
+class Supervisor:
+    def __init__(
+        self, cfg: Config, specs: tuple[EngineSpec, ...], hub: Hub, tap: StderrTap | None
+    ) -> None:
+        self.cfg, self.hub, self.tap = cfg, hub, tap
+        self.specs = specs
+        self.group: EngineGroup | None = None
+        self.restarts = 0
+        self.attempts = 0  # restarts in a row
+        self.started_at = 0.0
+        self.fatal: asyncio.Event = asyncio.Event()
+        self.fatal_reason = ""
+        self._restarting: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    # -- start / stop -------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the engines and attach them; EngineStartError (with log lines) if one fails."""
+        group = await asyncio.to_thread(self._start_group)
+        self._attach(group)
+
+    def _start_group(self) -> EngineGroup:
+        group = EngineGroup(self.specs)
+        try:
+            group.start(timeout=START_TIMEOUT_S)
+        except EngineStartError as exc:
+            raise EngineStartError(self._with_log_lines(str(exc))) from None
+        if self._stopping:
+            # stop() came while this thread was starting engines nobody will attach now.
+            group.close()
+            raise EngineStartError("the daemon stopped while the engines were starting")
+        return group
+
+    def _with_log_lines(self, message: str) -> str:
+        if self.tap is None:
+            return message
+        # Give the failed engine a moment to flush what it printed before exiting.
+        time.sleep(0.2)
+        named = [s.name for s in self.specs if re.search(rf"'{re.escape(s.name)}'", message)]
+        for name in named:
+            lines = self.tap.last_lines(name)
+            if lines:
+                message += f"\nlast log lines of engine {name!r}:\n  " + "\n  ".join(lines)
+        return message
+
+    async def stop(self, reason: str) -> None:
+        """Fail what is still running, stop the engines, unlink every ring."""
+        self._stopping = True
+        if self._restarting is not None:
+            self._restarting.cancel()
+        group = self._detach("draining", reason)
+        if group is not None:
+            await asyncio.to_thread(group.close)
+
+    # -- watching ------------------------------------------------------------------------
+    def _attach(self, group: EngineGroup) -> None:
+        loop = asyncio.get_running_loop()
+        self.group, self.started_at = group, time.monotonic()
+        for fd in (group.wakeup_fd, *group.sentinels):
+            loop.add_reader(fd, self._on_readable)
+        self.hub.attach(group)
+        group.on_readable()  # arms the sleep flags so the next frame signals the fd
+
+    def _detach(self, state: State, reason: str) -> EngineGroup | None:
+        group, self.group = self.group, None
+        if group is not None:
+            loop = asyncio.get_running_loop()
+            for fd in (group.wakeup_fd, *group.sentinels):
+                loop.remove_reader(fd)
+        self.hub.detach(state, reason)
+        return group
+
+    def _on_readable(self) -> None:
+        group = self.group
+        if group is None:
+            return
+        group.on_readable()
+        if group.dead and self._restarting is None:
+            self._restarting = asyncio.get_running_loop().create_task(self._restart())
+
+    # -- restarting ----------------------------------------------------------------------
+    async def _restart(self) -> None:
+        try:
+            await self._restart_loop()
+        finally:
+            self._restarting = None
+
+    async def _restart_loop(self) -> None:
+        assert self.group is not None
+        reason = "; ".join(self.group.dead.values())
+        if time.monotonic() - self.started_at > RESET_AFTER_S:
+            self.attempts = 0
+        log.error("%s; its requests failed, stopping the other engines", reason)
+        group = self._detach("restarting", f"restarting engines after: {reason}")
+        assert group is not None
+        await asyncio.to_thread(group.close)
+        while True:
+            if self.attempts >= self.cfg.max_retries:
+                self.fatal_reason = (
+                    f"{reason}; giving up after {self.attempts} restart(s) "
+                    f"(restart.max_retries = {self.cfg.max_retries})"
+                )
+                log.error("engines failed: %s", self.fatal_reason)
+                self.hub.detach("draining", f"engines failed: {reason}")
+                self.fatal.set()
+                return
+            self.attempts += 1
+            delay = self.cfg.backoff_s * 2 ** (self.attempts - 1)
+            log.warning("restarting the engines in %.1f s (attempt %d of %d)",
+                        delay, self.attempts, self.cfg.max_retries)  # fmt: skip
+            await asyncio.sleep(delay)
+            try:
+                await self.start()
+            except EngineStartError as exc:
+                reason = str(exc)
+                continue
+            self.restarts += 1
+            log.info("engines restarted (%d restart(s) so far)", self.restarts)
+            return
+
+    # -- live settings -------------------------------------------------------------------
+    def set_thresholds(self, thresholds: dict[str, tuple[int, ...]], max_wait_ms: float) -> None:
+        """Apply delayed-batching thresholds now, and to every engine started later."""
+        self.specs = tuple(
+            replace(s, thresholds=thresholds.get(s.name, s.thresholds), max_wait_ms=max_wait_ms)
+            for s in self.specs
+        )
+        if self.group is None:
+            return
+        for spec in self.specs:
+            if spec.model not in self.group.dead:
+                self.group.control(
+                    spec.model,
+                    {"op": "set_thresholds", "thresholds": list(spec.thresholds),
+                     "max_wait_ms": spec.max_wait_ms},
+                )  # fmt: skip
+
+    # -- views ---------------------------------------------------------------------------
+    def engine_stats(self) -> dict[str, dict[str, Any]]:
+        """The latest Stats body of each live engine, by model name."""
+        if self.group is None:
+            return {}
+        names = {s.model: s.name for s in self.specs}
+        return {names[m]: body for m, body in self.group.stats.items() if m not in self.group.dead}
+
+    def engine_state(self, spec: EngineSpec) -> tuple[str, int | None]:
+        """("ready" | "dead" | "down", pid) of one engine."""
+        group = self.group
+        if group is None or spec.model >= len(group.procs):
+            return "down", None
+        pid = group.procs[spec.model].pid
+        return ("dead" if spec.model in group.dead else "ready"), pid

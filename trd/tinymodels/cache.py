@@ -1,0 +1,84 @@
+"""Where built fixtures live, and the lock that lets racing processes build them once.
+
+    <cache_dir>/tiny-models-v<BUILD_VERSION>/
+      .lock          flock'ed while anything is checked or built
+      tokenizer/     tokenizer.json, tokenizer_config.json, chat_template.jinja
+      small/ mid/ large/ [m30/]
+
+A folder appears only by `os.rename` of a finished build, so a reader never
+sees half a checkpoint; a crash leaves at most a `.build-*` temp folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from trd.tinymodels.tokenizer import save_tokenizer, train_tokenizer
+
+# Bump whenever corpus, tokenizer, specs or training change, so that stale
+# fixtures are rebuilt rather than reused.
+BUILD_VERSION = 2
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", *TOKENIZER_FILES)
+
+
+def cache_root(cache_dir: Path | None = None) -> Path:
+    """cache_dir, else $TRD_CACHE_DIR, else ~/.cache/tokenrouterd; versioned below it."""
+    base = cache_dir or Path(
+        os.environ.get("TRD_CACHE_DIR") or Path.home() / ".cache" / "tokenrouterd"
+    )
+    return Path(base) / f"tiny-models-v{BUILD_VERSION}"
+
+
+@contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Exclusive lock on root (created if needed) across processes."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def is_complete(folder: Path, files: tuple[str, ...]) -> bool:
+    return all((folder / f).is_file() for f in files)
+
+
+def publish(root: Path, build: Callable[[Path], None], names: list[str]) -> None:
+    """Run build(tmp) and move each tmp/<name> to root/<name>; caller holds the lock."""
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        build(tmp)
+        for name in names:
+            if (root / name).exists():  # an incomplete leftover of an older layout
+                shutil.rmtree(root / name)
+            os.rename(tmp / name, root / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tokenizer_in(root: Path) -> Tokenizer:
+    """root's tokenizer, trained and published first if missing; caller holds the lock."""
+    folder = root / "tokenizer"
+    if not is_complete(folder, TOKENIZER_FILES):
+        publish(
+            root, lambda tmp: save_tokenizer(train_tokenizer(), tmp / "tokenizer"), ["tokenizer"]
+        )
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+def ensure_tokenizer(cache_dir: Path | None = None) -> Tokenizer:
+    """The fixture tokenizer, trained once per cache and shared by every later build."""
+    root = cache_root(cache_dir)
+    with locked(root):
+        return tokenizer_in(root)
