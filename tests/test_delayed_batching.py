@@ -12,7 +12,7 @@ import pytest
 
 from trd.engines.engine import Engine
 from trd.engines.group import EngineGroup, run_closed_loop
-from trd.engines.router import RoutingEngine
+from trd.engines.router import BARRIER_POLL_S, RoutingEngine
 from trd.ipc.counters import Counters
 from trd.policies import PolicyContext, make_policy
 from trd.protocol import SamplingParams, Submit
@@ -28,10 +28,11 @@ def counters() -> Iterator[Counters]:
 
 
 def router(path: Path, counters: Counters) -> RoutingEngine:
+    """Model 0 of two, with a policy that never hands off."""
     engine = Engine(path, kv_tokens=4096)
     ctx = PolicyContext(0, 2, engine.runner.model.model.embed_tokens)
     r = RoutingEngine(
-        engine, make_policy("rstitch", ctx, {"threshold": 0.5}), 0, 2, lambda *a: None
+        engine, make_policy("scripted", ctx, {"schedule": [0]}), 0, 2, lambda *a: None
     )
     r.counters = counters
     return r
@@ -89,3 +90,23 @@ def test_thresholds_violating_the_rule_still_finish_and_keep_outputs(
             group.close()
     assert outputs[0] == outputs[1]
     assert all(len(t) > 0 for t, _ in outputs[1])
+
+
+def test_step_sync_waits_for_busy_peers_to_finish_the_step(
+    tiny_models: dict[str, Path], counters: Counters
+) -> None:
+    r = router(tiny_models["small"], counters)
+    r.step_sync = True
+    r.handle(Submit(1, np.array([5, 6], np.int32), SamplingParams(), 0.0))
+    counters.set_busy(1, 1)
+    counters.set_steps(1, 7)
+    assert r.launch_delay(time.perf_counter()) == 0.0  # joined after idling: caught up to 7
+    assert r.completed_steps == 7
+    assert r.step()  # forward 8
+    assert counters.steps(0) == 8
+    assert r.launch_delay(time.perf_counter()) == BARRIER_POLL_S  # the peer is still at 7
+    counters.set_steps(1, 8)
+    assert r.launch_delay(time.perf_counter()) == 0.0
+    r.step()
+    counters.set_busy(1, 0)  # an idle peer holds nobody back
+    assert r.launch_delay(time.perf_counter()) == 0.0

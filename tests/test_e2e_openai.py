@@ -304,3 +304,28 @@ def test_trctl_status_and_thresholds(daemon: Daemon, capsys: pytest.CaptureFixtu
     assert view["max_wait_ms"] == 5
     assert main(["--admin", daemon.admin, "thresholds", "--set", "huge=1"]) == 1
     assert "no model 'huge'" in capsys.readouterr().err
+
+
+def test_trctl_recommends_and_applies_thresholds_from_live_figures(
+    daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trd.cli import main
+
+    client = daemon.client()
+    for prompt in PROMPTS:  # traffic, so both engines have step latencies and routes
+        client.completions.create(model=daemon.model, prompt=prompt, **GREEDY)
+    time.sleep(1.2)  # one Stats interval, so the windows include that traffic
+    assert main(["--admin", daemon.admin, "thresholds", "--recommend", "--json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert [row["n"] for row in rec["levels"]] == [1, 2, 4, 8, 16]
+    for row in rec["levels"]:
+        assert row["recommended"][0] == 1  # the entry model never waits
+        assert sum(b - 1 for b in row["recommended"]) < row["n"]
+    assert main(["--admin", daemon.admin, "thresholds", "--recommend", "--apply"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended table:" in out and out.rstrip().endswith("applied.")
+    assert main(["--admin", daemon.admin, "thresholds", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["models"]["large"]["set"] == rec["models"]["large"]
+    assert main(["--admin", daemon.admin, "thresholds", "--apply"]) == 1
+    assert "--apply goes with --recommend" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The code base stays ruff-clean (lint and format); this runs as part of the suite."""
+"""The code base stays ruff-clean (lint and format) and mypy-clean; part of the suite."""
 
 from __future__ import annotations
 
@@ -22,4 +22,11 @@ def test_ruff_check_is_clean() -> None:
 
 def test_ruff_format_is_clean() -> None:
     result = ruff("format", "--check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_is_clean_on_the_package() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "trd"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr

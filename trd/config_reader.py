@@ -61,6 +61,12 @@ class Section:
             fail(self.path(name), value, f"must be >= {low}")
         return value
 
+    def boolean(self, name: str, default: Any = _MISSING) -> bool:
+        value = self.get(name, default)
+        if not isinstance(value, bool):
+            fail(self.path(name), value, "expected true or false")
+        return value
+
     def number(
         self,
         name: str,

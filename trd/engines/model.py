@@ -33,6 +33,9 @@ class RMSNorm(nn.Module):
 class Rope(nn.Module):
     """Rotary position embedding; cos/sin are computed in float32 like the reference."""
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))

@@ -30,6 +30,7 @@ from trd.protocol import Abort, Done, Emit, FinishReason, Message, PeerKind, Pee
 
 log = logging.getLogger(__name__)
 FINISHED_MEMORY = 1 << 16
+BARRIER_POLL_S = 50e-6
 Send = Callable[[int, Message], None]
 
 
@@ -48,6 +49,10 @@ class RoutingEngine:
         self.thresholds: list[int] = [1]
         self.max_wait = 0.02
         self.counters: Counters | None = None
+        self.pending_kv = True  # ablation switches, see EngineSpec
+        self.step_sync = False
+        self.completed_steps = 0
+        self.was_idle = True
 
     def set_thresholds(self, thresholds: list[int], max_wait_ms: float) -> None:
         if not thresholds or any(not isinstance(b, int) or b < 1 for b in thresholds):
@@ -65,6 +70,8 @@ class RoutingEngine:
             return float("inf")
         active = self.counters.active if self.counters is not None else len(runnable)
         need = self.thresholds[min(max(active, 1), len(self.thresholds)) - 1]
+        if self.step_sync and self.counters is not None and self._behind_barrier():
+            return BARRIER_POLL_S
         if len(runnable) >= need:
             return 0.0
         if self.counters is None or self.counters.others_idle(self.model):
@@ -72,9 +79,23 @@ class RoutingEngine:
         waited = now - min(r.runnable_since for r in runnable)
         return max(0.0, self.max_wait - waited)
 
+    def _behind_barrier(self) -> bool:
+        """step_sync ablation: forward k+1 waits until every busy peer finished forward k."""
+        c = self.counters
+        assert c is not None
+        peers = [j for j in range(self.num_models) if j != self.model and c.busy(j) > 0]
+        if self.was_idle:
+            # Joining after idling: skip the global steps this engine had no work in.
+            self.completed_steps = max([self.completed_steps, *(c.steps(j) for j in peers)])
+            c.set_steps(self.model, self.completed_steps)
+            self.was_idle = False
+        return any(c.steps(j) < self.completed_steps for j in peers)
+
     def publish_busy(self) -> None:
         if self.counters is not None:
-            self.counters.set_busy(self.model, len(self.engine.scheduler.runnable()))
+            busy = len(self.engine.scheduler.runnable())
+            self.counters.set_busy(self.model, busy)
+            self.was_idle = self.was_idle or busy == 0
 
     @property
     def requests(self) -> dict[int, Request]:
@@ -157,6 +178,9 @@ class RoutingEngine:
             return False
         self.forward_end = time.perf_counter()
         self.stats.record_step(result.batch_size, self.forward_end - start, result.fed)
+        self.completed_steps += 1
+        if self.counters is not None:
+            self.counters.set_steps(self.model, self.completed_steps)
         reqs = result.requests
         view = StepView(result.forward.logits, result.forward.hidden, result.tokens)
         routes = self.policy.route(reqs, view)
@@ -196,6 +220,8 @@ class RoutingEngine:
         )
         req.anchors[dst] = len(req.seq)
         req.state = State.PENDING
+        if not self.pending_kv:
+            self.engine.scheduler.drop_kv(req)
         self.stats.handoffs_out += 1
         self.send(dst, msg)
 

@@ -100,12 +100,15 @@ class Scheduler:
         ]
         return max(holders, key=lambda r: r.arrival, default=None)
 
-    def preempt(self, req: Request) -> None:
+    def drop_kv(self, req: Request) -> None:
         """Free a request's pages; it recomputes its committed sequence when it runs again."""
-        self.preemptions += 1
         self.allocator.free(req.rid, req.pages)
         req.pages = []
         req.kv_len = 0
+
+    def preempt(self, req: Request) -> None:
+        self.preemptions += 1
+        self.drop_kv(req)
         if req.state is State.RUNNING:
             req.state = State.WAITING
 

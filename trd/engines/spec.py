@@ -25,4 +25,7 @@ class EngineSpec:
     threads: int = 1
     thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
     max_wait_ms: float = 20.0
+    # Ablations, to measure what each mechanism buys (both off in normal serving):
+    pending_kv: bool = True  # False: free a request's KV when it leaves for a peer
+    step_sync: bool = False  # True: a global barrier between the engines' steps
     env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA MPS pipe directory

@@ -151,6 +151,7 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
         return
     router = RoutingEngine(engine, policy, spec.model, spec.num_models, outbox.send)
     router.counters = counters
+    router.pending_kv, router.step_sync = spec.pending_kv, spec.step_sync
     router.set_thresholds(list(spec.thresholds), spec.max_wait_ms)
     alloc = engine.scheduler.allocator
     outbox.send(FRONTEND, Ready(spec.model, os.getpid(), alloc.num_pages, alloc.page_size))

@@ -4,6 +4,7 @@ GET  /status       engines, memory plan, KV pages, active requests, rates, thres
 GET  /thresholds   delayed-batching thresholds: what is set and what each engine reports
 POST /thresholds   {"thresholds": {"large": [1, 2, 4]}, "max_wait_ms": 20}: apply live
 GET  /thresholds/recommend   the Markov model's best thresholds from live measurements
+GET  /stats/raw    each engine's latest Stats body: counters and measurement windows
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class AdminApi:
         app.router.add_get("/thresholds", self.thresholds)
         app.router.add_post("/thresholds", self.set_thresholds)
         app.router.add_get("/thresholds/recommend", self.recommend)
+        app.router.add_get("/stats/raw", self.raw_stats)
         app.cleanup_ctx.append(self._sampler)
         if self.sup.cfg.auto_interval_s > 0:
             app.cleanup_ctx.append(self._autotuner)
@@ -185,6 +187,9 @@ class AdminApi:
                 for s in self.sup.specs
             },
         }
+
+    async def raw_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.sup.engine_stats())
 
     async def thresholds(self, request: web.Request) -> web.Response:
         return web.json_response(self._threshold_view())

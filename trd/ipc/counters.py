@@ -1,7 +1,8 @@
 """A few shared int64 counters: the global view delayed batching needs.
 
-    slot 0        active requests in the daemon (written by the front end)
-    slot 1 + i    requests runnable or running on engine i (written by engine i)
+    slot 0          active requests in the daemon (written by the front end)
+    slot 1 + i      requests runnable or running on engine i (written by engine i)
+    slot 1 + E + i  forwards engine i has completed (the step_sync ablation's barrier)
 
 Each slot has exactly one writer; readers tolerate a stale value (it only makes an
 engine launch a little early or late, never deadlocks: see the max_wait guard).
@@ -25,11 +26,11 @@ class Counters:
         self.name, self.num_engines = name, num_engines
         self._shm = shm
         self._mm = map_segment(name)
-        self._slots = np.frombuffer(self._mm, dtype=np.int64, count=1 + num_engines)
+        self._slots = np.frombuffer(self._mm, dtype=np.int64, count=1 + 2 * num_engines)
 
     @classmethod
     def create(cls, name: str, num_engines: int) -> Counters:
-        shm = SharedMemory(name, create=True, size=8 * (1 + num_engines))
+        shm = SharedMemory(name, create=True, size=8 * (1 + 2 * num_engines))
         shm.close()
         return cls(name, num_engines, shm)
 
@@ -48,6 +49,12 @@ class Counters:
 
     def set_busy(self, engine: int, n: int) -> None:
         self._slots[1 + engine] = n
+
+    def steps(self, engine: int) -> int:
+        return int(self._slots[1 + self.num_engines + engine])
+
+    def set_steps(self, engine: int, n: int) -> None:
+        self._slots[1 + self.num_engines + engine] = n
 
     def others_idle(self, engine: int) -> bool:
         return all(self._slots[1 + j] == 0 for j in range(self.num_engines) if j != engine)

@@ -54,7 +54,7 @@ def is_complete(folder: Path, files: tuple[str, ...]) -> bool:
     return all((folder / f).is_file() for f in files)
 
 
-def publish(root: Path, build: Callable[[Path], None], names: list[str]) -> None:
+def publish(root: Path, build: Callable[[Path], object], names: list[str]) -> None:
     """Run build(tmp) and move each tmp/<name> to root/<name>; caller holds the lock."""
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:

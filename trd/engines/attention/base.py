@@ -14,7 +14,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+
+def slot_indices(table: list[int], start: int, stop: int, page_size: int) -> np.ndarray:
+    """Flat KV slots (page * page_size + offset) of positions start..stop-1."""
+    pos = np.arange(start, stop)
+    return np.asarray(table, dtype=np.int64)[pos // page_size] * page_size + pos % page_size
 
 
 @dataclass(frozen=True, slots=True)

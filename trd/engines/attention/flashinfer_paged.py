@@ -12,7 +12,7 @@ import flashinfer
 import numpy as np
 import torch
 
-from trd.engines.attention.base import AttentionBackend, BatchLayout
+from trd.engines.attention.base import AttentionBackend, BatchLayout, slot_indices
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 
@@ -32,13 +32,6 @@ class FlashInferPagedAttention(AttentionBackend):
             | None
         ) = None
         self._write_slots = torch.empty(0, dtype=torch.long, device=device)
-        self._dims: tuple[int, int, int, torch.dtype] | None = None
-
-    def configure(
-        self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
-    ) -> None:
-        """Model facts the kernels' plans need; called once by the runner."""
-        self._dims = (num_heads, num_kv_heads, head_dim, dtype)
 
     def plan(self, layout: BatchLayout) -> None:
         heads, kv_heads, head_dim, dtype = self._dims
@@ -54,7 +47,7 @@ class FlashInferPagedAttention(AttentionBackend):
         indptr = np.concatenate([[0], np.cumsum(used)]).astype(np.int32)
         last = np.asarray([total - (u - 1) * ps for total, u in zip(kv_lens, used, strict=True)])
         slots = [
-            np.asarray(t, dtype=np.int64)[np.arange(s, s + n) // ps] * ps + np.arange(s, s + n) % ps
+            slot_indices(t, s, s + n, ps)
             for t, s, n in zip(layout.page_tables, layout.kv_starts, layout.q_lens, strict=True)
         ]
         self._write_slots = torch.from_numpy(np.concatenate(slots)).to(self.device)

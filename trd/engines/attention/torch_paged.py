@@ -13,12 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trd.engines.attention.base import AttentionBackend, BatchLayout
-
-
-def _slots(table: list[int], start: int, stop: int, page_size: int) -> np.ndarray:
-    pos = np.arange(start, stop)
-    return np.asarray(table, dtype=np.int64)[pos // page_size] * page_size + pos % page_size
+from trd.engines.attention.base import AttentionBackend, BatchLayout, slot_indices
 
 
 @dataclass(slots=True)
@@ -48,15 +43,15 @@ class TorchPagedAttention(AttentionBackend):
         row = 0
         rows = zip(layout.q_lens, layout.kv_starts, layout.page_tables, strict=True)
         for n, start, table in rows:
-            write.append(_slots(table, start, start + n, ps))
+            write.append(slot_indices(table, start, start + n, ps))
             if n == 1:
                 dec_rows.append(row)
-                dec_slots.append(_slots(table, 0, start + 1, ps))
+                dec_slots.append(slot_indices(table, 0, start + 1, ps))
             else:
                 total = start + n
                 q_pos = np.arange(start, total)[:, None]
                 mask = np.arange(total)[None, :] <= q_pos
-                slots = self._t(_slots(table, 0, total, ps))
+                slots = self._t(slot_indices(table, 0, total, ps))
                 extends.append(_Extend(slice(row, row + n), slots, self._t(mask)))
             row += n
         lmax = max((len(s) for s in dec_slots), default=0)

@@ -1,0 +1,1 @@
+"""Baselines tokenrouterd is measured against: research-code loop, standard serving."""

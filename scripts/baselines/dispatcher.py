@@ -1,0 +1,65 @@
+"""The standard-serving dispatcher: token-level routing outside the servers, over HTTP.
+
+One ordinary single-model server per model (`std_server.py`); for every position the
+dispatcher sends the full context to the current model's server, reads back the greedy
+token and its normalised entropy, and applies R-Stitch itself (the rule of
+`trd/policies/rstitch.py` for two models):
+
+    on the small model, H > tau: drop the token, the large model regenerates the position
+    on the large model, H <= tau: keep the token, return to the small model
+    otherwise keep the token and stay
+
+This is the paper's "Std. Serving": the servers never see a request twice, so every
+handoff re-sends (and re-prefills) the whole context.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import aiohttp
+from tokenizers import Tokenizer
+
+from benchkit.client import Record
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        urls: list[str],
+        names: list[str],
+        tau: float,
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.session, self.urls, self.names, self.tau = session, urls, names, tau
+        self.tokenizer = tokenizer
+
+    async def _next(self, model: int, seq: list[int]) -> tuple[int, float]:
+        async with self.session.post(f"{self.urls[model]}/generate", json={"prompt": seq}) as r:
+            body = await r.json()
+        return int(body["token"]), float(body["entropy"])
+
+    async def send(self, prompt: list[int], max_tokens: int) -> Record:
+        start = time.perf_counter()
+        seq, models, cur, ttft = list(prompt), [], 0, 0.0
+        while len(models) < max_tokens:
+            token, h = await self._next(cur, seq)
+            unsure = h > self.tau
+            if cur == 0 and unsure:
+                cur = 1
+                continue
+            seq.append(token)
+            models.append(cur)
+            ttft = ttft or time.perf_counter() - start
+            if cur == 1 and not unsure:
+                cur = 0
+        return Record(
+            ttft=ttft,
+            latency=time.perf_counter() - start,
+            output_tokens=len(models),
+            tokens_per_model={n: models.count(i) for i, n in enumerate(self.names)},
+            handoffs=sum(a != b for a, b in itertools.pairwise(models)),
+            text=self.tokenizer.decode(seq[len(prompt) :], skip_special_tokens=True),
+        )

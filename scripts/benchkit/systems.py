@@ -1,0 +1,122 @@
+"""Start and stop the servers under test: tokenrouterd daemons and standard servers.
+
+Each server is a subprocess on free loopback ports with its log in the run folder;
+`up()` waits for its /health and fails with the log when it never comes up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def up(self) -> Server:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited:\n{self.log.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"{self.name} not healthy in {START_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def spawn(name: str, argv: list[str], folder: Path) -> Server:
+    log = folder / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "scripts")},
+        )  # fmt: skip
+    return Server(name, proc, "", log)
+
+
+@dataclass
+class Daemon:
+    server: Server
+    admin: str  # admin API base URL
+
+    def admin_get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.admin + path, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def admin_post(self, path: str, body: dict[str, Any]) -> Any:
+        req = urllib.request.Request(
+            self.admin + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+
+def daemon_config(
+    models: dict[str, Path], tau: float, folder: Path, engine: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "listen": f"127.0.0.1:{free_port()}",
+        "admin": f"127.0.0.1:{free_port()}",
+        "device": "cpu",
+        "mps": "off",
+        "memory": {"max_kv_tokens": 65536},
+        "max_model_len": 4096,
+        "models": [{"name": n, "path": str(p), "dtype": "float32"} for n, p in models.items()],
+        "policy": {"name": "rstitch", "threshold": tau},
+        "engine": {"threads": 1, "max_batch_tokens": 2048, **engine},
+        "shutdown": {"grace_s": 5},
+    }
+
+
+def start_daemon(name: str, cfg: dict[str, Any], folder: Path) -> Daemon:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    server = spawn(name, ["-m", "trd.daemon", "--config", str(path)], folder)
+    server.url = f"http://{cfg['listen']}"
+    return Daemon(server.up(), f"http://{cfg['admin']}")
+
+
+def start_std_server(name: str, model: Path, folder: Path) -> Server:
+    port = free_port()
+    argv = [str(ROOT / "scripts/baselines/std_server.py"), "--model", str(model)]
+    server = spawn(name, [*argv, "--port", str(port)], folder)
+    server.url = f"http://127.0.0.1:{port}"
+    return server.up()

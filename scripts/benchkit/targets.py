@@ -1,0 +1,80 @@
+"""The report's target ratios and ceiling rows, computed from a run's JSON runs list.
+
+tokenrouterd vs official at the largest N (short)        >= 10x
+tokenrouterd vs std at the std output length, largest N  >= 5x
+throughput at the longest output vs at the shortest      >= 90%
+each ablation slower than the full system                < 1.0 of full
+throughput / forward-only ceiling (short, largest N)     >= 70%
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FULL = "tokenrouterd"
+ABLATIONS = ("no_delayed_batching", "no_pending_kv", "step_sync")
+
+
+def find(runs: list[dict[str, Any]], system: str, workload: str, n: int | None = None) -> Any:
+    """The run's dict, or None when that run is absent."""
+    return next(
+        (r for r in runs if r["system"] == system and r["workload"] == workload
+         and (n is None or r["n"] == n)),
+        None,
+    )  # fmt: skip
+
+
+def row(name: str, target: str, value: float | None, ok: bool, unit: str = "x") -> str:
+    if value is None:
+        return f"| {name} | {target} | not run | NO |"
+    shown = f"{100 * value:.0f}%" if unit == "%" else f"{value:.2f}x"
+    return f"| {name} | {target} | {shown} | {'yes' if ok else 'NO'} |"
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    return a["throughput"] / b["throughput"] if a and b else None
+
+
+def target_rows(runs: list[dict[str, Any]], top_n: int) -> list[str]:
+    full = find(runs, FULL, "short", top_n)
+    vs_off = ratio(full, find(runs, "official", "short"))
+    longs = sorted((r for r in runs if r["system"] == FULL and r["workload"].startswith("long")),
+                   key=lambda r: r["max_tokens"])  # fmt: skip
+    std = next((r for r in runs if r["system"] == "std" and r["workload"].startswith("long")), None)
+    vs_std = ratio(find(runs, FULL, std["workload"], top_n), std) if std else None
+    keep = ratio(longs[-1], longs[0]) if longs else None
+    out = [
+        row(f"tokenrouterd / official, N={top_n}", ">= 10x", vs_off, (vs_off or 0) >= 10),
+        row(f"tokenrouterd / std, {std['max_tokens'] if std else '?'} output tokens, N={top_n}",
+            ">= 5x", vs_std, (vs_std or 0) >= 5),
+        row(f"throughput at {longs[-1]['max_tokens'] if longs else '?'} / at "
+            f"{longs[0]['max_tokens'] if longs else '?'} output tokens", ">= 90%", keep,
+            (keep or 0) >= 0.9, "%"),
+    ]  # fmt: skip
+    for name in ABLATIONS:
+        r = ratio(find(runs, name, "short", top_n), full)
+        out.append(row(f"{name} / tokenrouterd, N={top_n}", "< 1.00x", r, r is not None and r < 1))
+    c = full.get("ceiling") if full else None
+    frac = full["throughput"] / c["ceiling_throughput"] if c and c["ceiling_throughput"] else None
+    out.append(row(f"tokenrouterd / forward-only ceiling, N={top_n}", ">= 70%", frac,
+                   (frac or 0) >= 0.7, "%"))  # fmt: skip
+    return out
+
+
+def ceiling_rows(runs: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for r in runs:
+        c = r.get("ceiling")
+        if r["system"] != FULL or not c or not c["ceiling_throughput"]:
+            continue
+        cells = [
+            f"{m['batch_size_mean']:.1f}, {m['step_ms_mean']:.1f}"
+            for m in (c["models"].get("small"), c["models"].get("large"))
+            if m is not None
+        ]
+        frac = r["throughput"] / c["ceiling_throughput"]
+        out.append(
+            f"| {r['workload']} | {r['n']} | {r['throughput']:.0f} | "
+            f"{c['ceiling_throughput']:.0f} | {100 * frac:.0f}% | {' | '.join(cells)} |"
+        )
+    return out
