@@ -1,8 +1,8 @@
 """Benchmark token routing across engine processes against the reference loop.
 
 Closed loop: N requests in flight (a finished one is replaced at once) over the
-small+large fixtures with R-Stitch; the threshold is calibrated so that roughly a
-quarter of the small model's positions escalate. Reports tokens/s, the large model's
+small+large fixtures with R-Stitch; the threshold is calibrated so that 40% of
+the small model's positions escalate. Reports tokens/s, the large model's
 token fraction, handoffs per request, handoff latency (send -> runnable on the peer,
 excluding the peer's forward), and the reference loop's tokens/s on the same workload.
 
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--n", default="1,4,16", help="closed-loop concurrency levels")
     ap.add_argument("--max-tokens", default="128,512", help="output lengths")
     ap.add_argument("--requests", type=int, default=2, help="requests per unit of N (min 4)")
-    ap.add_argument("--escalate", type=float, default=0.25, help="target escalation fraction")
+    ap.add_argument("--escalate", type=float, default=0.4, help="target escalation fraction")
     ap.add_argument("--ref-requests", type=int, default=3, help="requests for the reference")
     ap.add_argument("--thresholds", action="store_true", help="compare Markov thresholds at N=16")
     ap.add_argument("--out", type=Path, default=Path("bench_results/routing.json"))

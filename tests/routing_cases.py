@@ -32,7 +32,7 @@ def jobs(tokenizer_dir: Path, count: int = 32) -> list[Job]:
     """Outputs of 16..256 tokens; some stop at EOS, some sample with a seed."""
     out = []
     for i, prompt in enumerate(prompts(tokenizer_dir, count)):
-        max_tokens = 256 if i in (0, 1) else (16, 24, 32, 48)[i % 4]
+        max_tokens = 256 if i == 0 else (16, 24, 32, 48)[i % 4]
         sampled = i % 5 == 3
         params = SamplingParams(
             max_tokens=max_tokens,

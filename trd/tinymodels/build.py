@@ -12,8 +12,11 @@ shares one tokenizer, as models routed within one response must.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,10 +187,27 @@ def build_all(
         raise ValueError(f"unknown model names {unknown}; known: {sorted(SPECS)}")
     train_ids = tr.token_stream(tok, corpus("train"))
     heldout = tr.heldout_windows(tr.token_stream(tok, corpus("heldout")))
-    return {
-        name: build_one(name, tok, train_ids, heldout, out_dir / name, seed=seed, progress=progress)
-        for name in names
-    }
+    # Training runs on one thread (reproducible weights), so train the models side by
+    # side, one process per core.
+    workers = min(len(names), os.cpu_count() or 1)
+    ctx = mp.get_context("spawn")
+    args = (tok.to_str(), train_ids, heldout, seed, progress)
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        futures = {n: pool.submit(_build_in_worker, n, out_dir / n, *args) for n in names}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _build_in_worker(
+    name: str,
+    out: Path,
+    tok_json: str,
+    train_ids: torch.Tensor,
+    heldout: torch.Tensor,
+    seed: int,
+    progress: bool,
+) -> BuiltModel:
+    tok = Tokenizer.from_str(tok_json)
+    return build_one(name, tok, train_ids, heldout, out, seed=seed, progress=progress)
 
 
 def build_models(
