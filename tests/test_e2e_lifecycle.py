@@ -68,7 +68,12 @@ def daemon(
     tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], notify: NotifyListener
 ) -> Iterator[Daemon]:
     tmp = tmp_path_factory.mktemp("e2e_lifecycle")
-    extra = {"restart": {"max_retries": 1, "backoff_s": 0.2}, "shutdown": {"grace_s": 3}}
+    extra = {
+        "restart": {"max_retries": 1, "backoff_s": 0.2},
+        "shutdown": {"grace_s": 3},
+        # Auto mode on, from thresholds no recommendation can keep (B = 3 at N = 1).
+        "batching": {"thresholds": {"large": [3]}, "auto_interval_s": 1.0},
+    }
     d = start_daemon(
         write_config(tmp, tiny_models, ["small", "large"], **extra),
         env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "400000"},
@@ -98,6 +103,16 @@ def test_systemd_hears_ready_status_and_watchdog(daemon: Daemon, notify: NotifyL
     ready = [m for m in notify.messages if "READY=1" in m]
     assert ready and "STATUS=serving small+large" in ready[0]
     assert sum("WATCHDOG=1" in m for m in notify.messages) >= 2
+
+
+def test_auto_mode_installs_the_recommended_thresholds(daemon: Daemon) -> None:
+    assert stream_text(daemon, 24)  # traffic: live latencies and routes on both engines
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "thresholds auto:" not in daemon.log():
+        time.sleep(0.2)
+    assert "thresholds auto: {'small': (1,), 'large': (3,)} ->" in daemon.log()
+    view = request(daemon.admin, "GET", "/thresholds")
+    assert view["models"]["large"]["set"][0] == 1  # B must be 1 with one active request
 
 
 def test_killed_engine_fails_its_requests_and_the_daemon_recovers(daemon: Daemon) -> None:
