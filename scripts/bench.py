@@ -9,6 +9,7 @@ threshold and the same greedy requests:
     no_delayed_batching   tokenrouterd with every threshold at 1
     no_pending_kv         tokenrouterd freeing a request's KV when it leaves an engine
     step_sync             tokenrouterd with a global barrier between engine steps
+    forced_delay          tokenrouterd with the large model's threshold forced to 4 at N >= 8
 
 Each system's outputs are compared with tokenrouterd's on the same prompts (identical
 text is required for greedy decoding). The whole report:
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +54,11 @@ def main() -> None:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "plan": args.plan,
         "tau": args.tau,
-        "workloads": {k: vars_of(w) for k, w in WORKLOADS.items()},
+        "workloads": {k: asdict(w) for k, w in WORKLOADS.items()},
         **asyncio.run(bench.run_all()),
     }
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
-
-
-def vars_of(w: object) -> dict[str, Any]:
-    return {k: getattr(w, k) for k in w.__slots__}  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ class Plan:
     std_length: int  # output length of the standard-serving comparison at the largest N
     official_requests: int
     agent_requests: int
+    repeats: int  # runs of each short-workload comparison at the largest N; the best counts
     scale: float = 1.0  # multiplies every workload's prompt and output lengths
 
     def requests(self, n: int) -> int:
@@ -32,10 +33,10 @@ class Plan:
 PLANS = {
     "full": Plan(
         ns=(1, 4, 16), rounds=2, min_requests=4, lengths=(256, 512, 1024, 2048),
-        std_length=512, official_requests=4, agent_requests=16,
+        std_length=512, official_requests=4, agent_requests=16, repeats=2,
     ),
     "smoke": Plan(
         ns=(1, 2), rounds=1, min_requests=2, lengths=(8, 16), std_length=8,
-        official_requests=2, agent_requests=2, scale=1 / 32,
+        official_requests=2, agent_requests=2, repeats=1, scale=1 / 32,
     ),
 }  # fmt: skip

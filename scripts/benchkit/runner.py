@@ -34,6 +34,7 @@ from benchkit.systems import Daemon, daemon_config, start_daemon, start_std_serv
 from benchkit.workloads import WORKLOADS, Workload, prompts
 
 MODEL = "small+large"
+FORCED_DELAY = [1, 1, 1, 2, 2, 2, 2, 4]  # the large model's B by active requests (8+: 4)
 ABLATIONS = {"no_pending_kv": {"pending_kv": False}, "step_sync": {"step_sync": True}}
 
 
@@ -58,6 +59,7 @@ class Bench:
         self.runs: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.thresholds: dict[str, list[int]] = {}
+        self.recommendation: dict[str, Any] = {}  # the Markov model's full answer
 
     # -- workloads -------------------------------------------------------------------
     def workload(self, name: str, max_tokens: int | None = None) -> Workload:
@@ -76,6 +78,23 @@ class Bench:
 
     # -- one run ---------------------------------------------------------------------
     async def measure(
+        self,
+        system: str,
+        send: Send,
+        w: Workload,
+        n: int,
+        count: int,
+        daemon: Daemon | None,
+        repeats: int = 1,
+    ) -> dict[str, Any]:
+        """Run `repeats` times and keep the fastest: the host is shared, noise only slows."""
+        runs = [await self._measure_once(system, send, w, n, count, daemon) for _ in range(repeats)]
+        best = max(runs, key=lambda r: r["throughput"])
+        best["throughputs"] = [r["throughput"] for r in runs]
+        self.runs.append(best)
+        return best
+
+    async def _measure_once(
         self, system: str, send: Send, w: Workload, n: int, count: int, daemon: Daemon | None
     ) -> dict[str, Any]:
         jobs = self.prompts(w, count)
@@ -89,7 +108,6 @@ class Bench:
         if daemon and before is not None:
             await asyncio.sleep(1.2)  # engines publish Stats every 0.5 s
             run["ceiling"] = ceiling(before, daemon.admin_get("/stats/raw"), records)
-        self.runs.append(run)
         print(
             f"{system:20} {w.name:10} N={n:<3} {run['throughput']:8.1f} tok/s "
             f"large {100 * run['large_fraction']:5.1f}%  wall {wall:6.1f} s",
@@ -110,6 +128,7 @@ class Bench:
             "machine": machine(),
             "total_s": time.perf_counter() - started,
             "thresholds": self.thresholds,
+            "recommendation": self.recommendation,
             "runs": self.runs,
             "identity": self.identity(),
             "notes": self.notes,
@@ -131,15 +150,16 @@ class Bench:
 
         # One request at a time whatever N is: its throughput does not depend on N.
         w, count = self.workload("short"), self.plan.official_requests
-        await self.measure("official", send, w, 1, count, None)
+        await self.measure("official", send, w, 1, count, None, self.plan.repeats)
 
     async def _daemon_runs(self, session: aiohttp.ClientSession, name: str, d: Daemon) -> None:
         send = OpenAIClient(session, d.server.url, MODEL).send
         n = self.top_n
-        await self.measure(name, send, self.workload("short"), n, self.plan.requests(n), d)
+        w, count = self.workload("short"), self.plan.requests(n)
+        await self.measure(name, send, w, n, count, d, self.plan.repeats)
 
     async def run_tokenrouterd(self, session: aiohttp.ClientSession) -> None:
-        cfg = daemon_config(self.models, self.tau, self.logs, {})
+        cfg = daemon_config(self.models, self.tau, {})
         d = start_daemon("tokenrouterd", cfg, self.logs)
         send = OpenAIClient(session, d.server.url, MODEL).send
         try:
@@ -150,25 +170,35 @@ class Bench:
             await asyncio.sleep(1.2)
             try:
                 rec = d.admin_get("/thresholds/recommend")
-                self.thresholds = rec["models"]
+                self.thresholds, self.recommendation = rec["models"], rec
                 d.admin_post("/thresholds", {"thresholds": self.thresholds})
             except OSError as exc:
                 self.notes.append(f"no threshold recommendation ({exc}); thresholds stay at 1")
+            if self.thresholds and all(b == 1 for t in self.thresholds.values() for b in t):
+                self.notes.append(
+                    "The Markov model recommended every threshold at 1 from the live figures, "
+                    "so no_delayed_batching ran the full system's configuration: their gap is "
+                    "run-to-run noise."
+                )
             w = self.workload("short")
             for n in self.plan.ns:
-                await self.measure("tokenrouterd", send, w, n, self.plan.requests(n), d)
+                repeats = self.plan.repeats if n == self.top_n else 1
+                await self.measure("tokenrouterd", send, w, n, self.plan.requests(n), d, repeats)
             for length in self.plan.lengths:
                 w = self.workload("long", length)
                 await self.measure("tokenrouterd", send, w, self.top_n, self.top_n, d)
             agent = self.workload("agent")
             await self.measure("tokenrouterd", send, agent, self.top_n, self.plan.agent_requests, d)
+            # Delayed batching forced on, whatever the model says: does waiting pay here?
+            d.admin_post("/thresholds", {"thresholds": {"large": FORCED_DELAY}})
+            await self._daemon_runs(session, "forced_delay", d)
         finally:
             d.server.stop()
 
     async def run_ablation(
         self, session: aiohttp.ClientSession, name: str, switch: dict[str, Any]
     ) -> None:
-        cfg = daemon_config(self.models, self.tau, self.logs, switch)
+        cfg = daemon_config(self.models, self.tau, switch)
         if self.thresholds:
             cfg["batching"] = {"thresholds": self.thresholds}
         try:
@@ -188,8 +218,8 @@ class Bench:
             start_std_server(f"std_{m}", self.models[m], self.logs) for m in ("small", "large")
         ]
         try:
-            disp = Dispatcher(session, [s.url for s in servers], ["small", "large"], self.tau,
-                              self.tokenizer)  # fmt: skip
+            urls = [s.url for s in servers]
+            disp = Dispatcher(session, urls, ["small", "large"], self.tau, self.tokenizer)
             await closed_loop(disp.send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
             w = self.workload("short")
             for n in self.plan.ns:

@@ -89,9 +89,7 @@ class Daemon:
             return json.loads(resp.read())
 
 
-def daemon_config(
-    models: dict[str, Path], tau: float, folder: Path, engine: dict[str, Any]
-) -> dict[str, Any]:
+def daemon_config(models: dict[str, Path], tau: float, engine: dict[str, Any]) -> dict[str, Any]:
     return {
         "listen": f"127.0.0.1:{free_port()}",
         "admin": f"127.0.0.1:{free_port()}",
