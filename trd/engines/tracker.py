@@ -23,7 +23,6 @@ class Tracked:
     error: str = ""
     dones: dict[int, Done] = field(default_factory=dict)
     holders: int = 0
-    submitted_at: float = field(default_factory=time.perf_counter)
     first_at: float | None = None  # when the first token was released
     done_at: float | None = None  # when the last token was released
 

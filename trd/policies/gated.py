@@ -31,6 +31,15 @@ class GatedPolicy(RoutingPolicy):
         self.tau = check_threshold(self.name, "threshold", threshold, 0.0, 1.0)
         self.head_path = str(head)
         self.head = load_head(Path(head), self.name) if ctx.model == 0 else None
+        hidden = ctx.embed(torch.zeros(1, dtype=torch.long)).shape[-1]
+        if self.head is not None and self.head.in_features != self.num_features(hidden):
+            raise ValueError(
+                f"policy {self.name!r}: router head {head} takes {self.head.in_features} inputs, "
+                f"this model gives {self.num_features(hidden)} (hidden size {hidden})"
+            )
+
+    def num_features(self, hidden: int) -> int:
+        return hidden
 
     def features(self, step: StepView) -> torch.Tensor:
         return step.hidden
@@ -64,6 +73,10 @@ class CiterPolicy(GatedPolicy):
 
 class R2RPolicy(GatedPolicy):
     name = "r2r"
+
+    def num_features(self, hidden: int) -> int:
+        assert self.head is not None
+        return 2 * hidden + self.head.top_k
 
     def features(self, step: StepView) -> torch.Tensor:
         assert self.head is not None
