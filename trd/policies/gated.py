@@ -31,8 +31,10 @@ class GatedPolicy(RoutingPolicy):
         self.tau = check_threshold(self.name, "threshold", threshold, 0.0, 1.0)
         self.head_path = str(head)
         self.head = load_head(Path(head), self.name) if ctx.model == 0 else None
+        if self.head is None:
+            return  # only the entry model scores positions
         hidden = ctx.embed(torch.zeros(1, dtype=torch.long)).shape[-1]
-        if self.head is not None and self.head.in_features != self.num_features(hidden):
+        if self.head.in_features != self.num_features(hidden):
             raise ValueError(
                 f"policy {self.name!r}: router head {head} takes {self.head.in_features} inputs, "
                 f"this model gives {self.num_features(hidden)} (hidden size {hidden})"
