@@ -4,7 +4,8 @@ Closed loop: N requests in flight (a finished one is replaced at once) over the
 small+large fixtures with R-Stitch; the threshold is calibrated so that 40% of
 the small model's positions escalate. Reports tokens/s, the large model's
 token fraction, handoffs per request, handoff latency (send -> runnable on the peer,
-excluding the peer's forward), and the reference loop's tokens/s on the same workload.
+excluding time the peer was still busy with a step of its own: forward, routing and
+sends), and the reference loop's tokens/s on the same workload.
 
     .venv/bin/python scripts/bench_routing.py [--n 1,4,16] [--max-tokens 128,512]
 

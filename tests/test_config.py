@@ -102,6 +102,7 @@ BAD = [  # (key to set, value, expected start of the message)
     ("engine.pag_size", 16, "engine.pag_size: 16: unknown key"),
     ("engine.pending_kv", "no", "engine.pending_kv: 'no': expected true or false"),
     ("engine.step_sync", 1, "engine.step_sync: 1: expected true or false"),
+    ("engine.spin_ms", -1, "engine.spin_ms: -1: must be >= 0"),
     ("batching.auto_interval_s", -1, "batching.auto_interval_s: -1"),
     ("shutdown.grace_s", "soon", "shutdown.grace_s: 'soon': expected a number"),
     ("restart.max_retries", -1, "restart.max_retries: -1: must be >= 0"),

@@ -10,8 +10,11 @@ import select
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import uuid
 
+from trd.engines.worker import spin
 from trd.ipc.eventfd import EventFd
 from trd.ipc.mesh import Endpoint, Mesh
 from trd.ipc.names import FRONTEND, SHM_DIR, instance_prefix
@@ -189,3 +192,21 @@ def test_owner_exit_leaves_no_segments_and_no_tracker_complaints() -> None:
     )
     assert (run.returncode, run.stderr) == (0, "")
     assert shm_files(prefix) == []
+
+
+def test_spin_returns_when_a_frame_arrives_and_gives_up_after_its_budget() -> None:
+    prefix = instance_prefix(os.getpid(), uuid.uuid4().hex[:8])
+    with Mesh(prefix, n_engines=1, capacity=1 << 12) as mesh:
+        engine = mesh.endpoint(0)
+        start = time.perf_counter()
+        spin(engine, 0.05)
+        assert time.perf_counter() - start >= 0.05
+        assert not engine.readable()
+        later = threading.Timer(0.02, mesh.endpoint(FRONTEND).outbound[0].put, [b"x"])
+        later.start()
+        start = time.perf_counter()
+        spin(engine, 60.0)
+        later.join()
+        assert engine.readable()
+        assert time.perf_counter() - start < 30.0  # returned for the frame, not the budget
+        assert engine.inbound[FRONTEND].get() == b"x"

@@ -151,6 +151,18 @@ def test_producer_signals_only_a_sleeping_consumer(make_ring: MakeRing) -> None:
     assert ring.get_all() == [b"b", b"c"]
 
 
+def test_readable_peeks_without_consuming_or_signalling(make_ring: MakeRing) -> None:
+    producer = make_ring(256)
+    consumer = Ring.attach(producer.name, producer.wakeup)
+    assert not consumer.readable()
+    producer.put(b"x")
+    assert consumer.readable() and consumer.readable()
+    assert not readable(producer.wakeup)  # the consumer never announced sleep
+    assert consumer.get() == b"x"
+    assert not consumer.readable()
+    consumer.close()
+
+
 def test_only_the_creator_unlinks(make_ring: MakeRing) -> None:
     ring = make_ring(64)
     attached = Ring.attach(ring.name, ring.wakeup)

@@ -108,3 +108,28 @@ def test_interleavings_match_the_reference(
         alloc = e.engine.scheduler.allocator
         assert alloc.num_free == alloc.num_pages
     assert wiring.injected > 0
+
+
+def test_an_engine_expects_a_return_while_its_request_is_away(
+    tiny_models: dict[str, Path],
+) -> None:
+    """What lets an idle engine poll instead of sleep: a request of its own at a peer."""
+    paths = [tiny_models["small"], tiny_models["large"]]
+    wiring = Wiring(paths, "scripted", {"schedule": [1, 0]}, seed=0)
+    small, large = wiring.engines
+    prompt, sp = jobs(paths[0])[2]
+    wiring.submit(0, prompt, sp)
+    assert not small.expects_return() and not large.expects_return()
+    for msg in wiring.inbox[0]:
+        small.handle(msg)
+    wiring.inbox[0].clear()
+    small.step()  # position 0 belongs to the large model: hand off
+    assert small.expects_return() and not large.expects_return()
+    for msg in wiring.inbox[1]:
+        large.handle(msg)
+    wiring.inbox[1].clear()
+    large.step()  # commits position 0, hands position 1 back
+    assert large.expects_return()
+    for msg in wiring.inbox[0]:
+        small.handle(msg)
+    assert not small.expects_return()  # back and runnable: nothing of its own away

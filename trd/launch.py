@@ -87,6 +87,7 @@ def plan_launch(cfg: Config) -> Launch:
             threads=cfg.threads(),
             thresholds=cfg.thresholds.get(m.name, (1,)),
             max_wait_ms=cfg.max_wait_ms,
+            spin_ms=cfg.engine.spin_ms,
             pending_kv=cfg.engine.pending_kv,
             step_sync=cfg.engine.step_sync,
         )

@@ -42,7 +42,7 @@ class RoutingEngine:
         self.model, self.num_models = model, num_models
         self.send = send
         self.finished: OrderedDict[int, None] = OrderedDict()
-        self.forward_end = 0.0  # perf_counter() when the last forward finished
+        self.step_end = 0.0  # perf_counter() when the last step (forward + routing) finished
         self.stats = EngineStats()
         # Delayed batching: launch only with >= thresholds[min(active, len) - 1] runnable
         # requests, unless no more can arrive or the oldest has waited max_wait.
@@ -96,6 +96,10 @@ class RoutingEngine:
             busy = len(self.engine.scheduler.runnable())
             self.counters.set_busy(self.model, busy)
             self.was_idle = self.was_idle or busy == 0
+
+    def expects_return(self) -> bool:
+        """Some request of this engine is away at a peer, so a handoff back may come soon."""
+        return any(r.state is State.PENDING for r in self.requests.values())
 
     @property
     def requests(self) -> dict[int, Request]:
@@ -158,8 +162,8 @@ class RoutingEngine:
         req.anchors = [int(a) for a in msg.anchors]
         req.anchors[self.model] = len(req.seq)
         req.runnable_since = now
-        # Handoff latency excludes time the message waited for this engine's forward.
-        req.handoff_latencies.append(now - max(msg.sent_at, self.forward_end))
+        # Handoff latency excludes time the message waited for this engine's step.
+        req.handoff_latencies.append(now - max(msg.sent_at, self.step_end))
 
     def _drop(self, rid: int) -> None:
         """A peer finished the request or the client aborted it: free it here."""
@@ -176,28 +180,37 @@ class RoutingEngine:
         result = self.engine.forward()
         if result is None:
             return False
-        self.forward_end = time.perf_counter()
-        self.stats.record_step(result.batch_size, self.forward_end - start, result.fed)
+        forward_end = time.perf_counter()
+        self.stats.record_step(result.batch_size, forward_end - start, result.fed)
         self.completed_steps += 1
         if self.counters is not None:
             self.counters.set_steps(self.model, self.completed_steps)
         reqs = result.requests
         view = StepView(result.forward.logits, result.forward.hidden, result.tokens)
         routes = self.policy.route(reqs, view)
+        # Handoffs go out before the step's Emits: a peer waiting for work is on the
+        # critical path, the front end is not (it orders Emits by position anyway).
+        emits: list[Emit] = []
+        finished: list[Request] = []
         for req, token, route in zip(reqs, result.tokens, routes, strict=True):
             req.forwards += 1
             self.stats.record_route(route.dst, int(route.commit))
             if route.commit:
                 pos = req.num_output
                 reason = self.engine.commit(req, [token])
-                self.send(FRONTEND, Emit(req.rid, pos, _i32([token]), _u8([self.model]), reason))
+                emits.append(Emit(req.rid, pos, _i32([token]), _u8([self.model]), reason))
                 if reason is not FinishReason.NONE:
-                    self._finish(req)
+                    finished.append(req)
                     continue
             elif route.dst == self.model:
                 raise AssertionError(f"policy {self.policy.name} dropped a token and stayed")
             if route.dst != self.model:
                 self._handoff(req, route.dst)
+        for emit in emits:
+            self.send(FRONTEND, emit)
+        for req in finished:
+            self._finish(req)
+        self.step_end = time.perf_counter()
         return True
 
     def _handoff(self, req: Request, dst: int) -> None:

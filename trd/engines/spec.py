@@ -25,6 +25,7 @@ class EngineSpec:
     threads: int = 1
     thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
     max_wait_ms: float = 20.0
+    spin_ms: float = 20.0  # poll (not sleep) this long while a request is at a peer
     # Ablations, to measure what each mechanism buys (both off in normal serving):
     pending_kv: bool = True  # False: free a request's KV when it leaves for a peer
     step_sync: bool = False  # True: a global barrier between the engines' steps

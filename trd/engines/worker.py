@@ -1,7 +1,8 @@
 """The engine process: load the model, then loop over rings, forward, route.
 
     drain inbound rings -> handle messages -> one forward + routing -> repeat
-    nothing runnable: announce sleep on every inbound ring, block on the eventfd
+    nothing runnable, a request away at a peer: poll the rings for up to spin_ms
+    nothing runnable otherwise: announce sleep on every inbound ring, block on the eventfd
 
 No global barrier: each engine advances at its own pace. A full outbound ring applies
 back-pressure; while waiting for room the engine keeps draining its own inbound rings
@@ -66,6 +67,18 @@ class Outbox:
     def drain(self) -> list[bytes]:
         frames, self.backlog = self.backlog + self.drain_rings(), []
         return frames
+
+
+def spin(endpoint: Endpoint, seconds: float) -> None:
+    """Poll the inbound rings for up to `seconds`, returning as soon as a frame waits.
+
+    Waking a sleeping process costs 30 us on a warm core and 150-200 us on an idle
+    virtual CPU; an engine whose request is at a peer polls instead, for a bounded
+    time, yielding the core to anything else runnable (the front end).
+    """
+    end = time.perf_counter() + seconds
+    while not endpoint.readable() and time.perf_counter() < end:
+        os.sched_yield()
 
 
 def _die_with_parent() -> None:
@@ -157,7 +170,9 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
     outbox.send(FRONTEND, Ready(spec.model, os.getpid(), alloc.num_pages, alloc.page_size))
     log.info("ready: %s (%s, %s), %d KV pages", spec.path, spec.dtype, spec.device, alloc.num_pages)
     efd = endpoint.wakeup.fileno()
+    spin_s = spec.spin_ms / 1e3
     last_stats = 0.0
+    idle_since: float | None = None  # start of the current stretch without a forward
     while not stopping:
         for frame in outbox.drain():
             try:
@@ -173,12 +188,20 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
         now = time.perf_counter()
         delay = router.launch_delay(now)
         if delay == 0.0:
+            router.publish_busy()  # before the forward: peers see this engine working
             router.step()
         router.publish_busy()
         if now - last_stats >= STATS_INTERVAL:
             outbox.send(FRONTEND, Stats(spec.model, stats_body(spec, router)))
             last_stats = now
         if delay == 0.0:
+            idle_since = None
+            continue
+        if idle_since is None:
+            idle_since = now
+        spin_left = min(delay, idle_since + spin_s - now)
+        if spin_left > 0 and router.expects_return():
+            spin(endpoint, spin_left)
             continue
         if endpoint.prepare_sleep():
             select.select([efd], [], [], min(delay, STATS_INTERVAL))

@@ -45,6 +45,9 @@ class Endpoint:
             self.wake()
         return empty
 
+    def readable(self) -> bool:
+        return any(ring.readable() for ring in self.inbound.values())
+
     def wake(self) -> None:
         for ring in self.inbound.values():
             ring.wake()

@@ -173,6 +173,10 @@ class Ring:
             return bytes(self._data[off : off + n])
         return bytes(self._data[off:]) + bytes(self._data[: off + n - self.capacity])
 
+    def readable(self) -> bool:
+        """True when a frame is waiting (a cheap check for spinning consumers)."""
+        return self._head != self._ctl[_TAIL]
+
     def prepare_sleep(self) -> bool:
         """Announce that the consumer is about to block; True iff the ring is still empty.
 
