@@ -3,7 +3,9 @@
 For each model: tokens/s of (a) our engine with 1 and with 16 concurrent requests and
 (b) transformers `generate`, one request at a time; outputs are checked to be equal
 (greedy). Also the share of each engine step spent outside the model forward
-(scheduling, page tables, sampling) at batch 16. Prints a table, writes JSON.
+(scheduling, page tables, sampling) at batch 16. Then the decode step cost of the
+routing fixtures (small, mid, large) at batch 1 and 16, relative to the small's.
+Prints tables, writes JSON.
 
     .venv/bin/python scripts/bench_engine.py [--models large,m30] [--out bench_results/engine.json]
 """
@@ -56,6 +58,18 @@ def run_transformers(path: Path, n: int) -> tuple[float, list[list[int]]]:
     return n * NEW_TOKENS / wall, outs
 
 
+FIXTURES = ("small", "mid", "large")
+
+
+def fixture_step_ms() -> dict[str, dict[str, float]]:
+    """Mean engine step (ms) of each routing fixture at batch 1 and batch 16."""
+    paths = ensure_models(names=FIXTURES)
+    return {
+        name: {f"b{n}": 1e3 * n / run_engine(paths[name], n)[0] for n in (1, CONCURRENT)}
+        for name in FIXTURES
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", default="large,m30", help="fixture names (default: large,m30)")
@@ -94,8 +108,15 @@ def main() -> None:
             f"{r['b16_vs_hf_sequential']:6.2f} {r['overhead_fraction_b16']:8.1%} "
             f"{r['outputs_equal']!s:>5}"
         )
+    steps = fixture_step_ms()
+    print(f"\nfixture decode step, ms (x the small's), {args.threads} threads")
+    for name, ms in steps.items():
+        cells = [f"b{n} {ms[f'b{n}']:6.2f} ({ms[f'b{n}'] / steps['small'][f'b{n}']:.1f}x)"
+                 for n in (1, CONCURRENT)]  # fmt: skip
+        print(f"{name:6} " + "   ".join(cells))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=2))
+    result = {"threads": args.threads, "rows": rows, "fixture_step_ms": steps}
+    args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 
 

@@ -25,7 +25,7 @@ from trd.tinymodels.tokenizer import save_tokenizer, train_tokenizer
 
 # Bump whenever corpus, tokenizer, specs or training change, so that stale
 # fixtures are rebuilt rather than reused.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", *TOKENIZER_FILES)
 

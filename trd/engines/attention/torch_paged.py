@@ -27,9 +27,10 @@ class _Extend:
 class _Plan:
     write_slots: torch.Tensor  # (T,) flat slot per new token
     decode_rows: torch.Tensor  # (Bd,) token rows of decode requests
-    decode_slots: torch.Tensor  # (Bd, Lmax)
+    decode_slots: torch.Tensor  # (Bd * Lmax,) flattened (Bd, Lmax) slots
     decode_mask: torch.Tensor  # (Bd, 1, 1, Lmax)
     extends: list[_Extend]
+    only_decode: bool  # every row is a decode: the output needs no scatter
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -63,9 +64,10 @@ class TorchPagedAttention(AttentionBackend):
         self._plan = _Plan(
             write_slots=self._t(np.concatenate(write)),
             decode_rows=self._t(np.asarray(dec_rows, dtype=np.int64)),
-            decode_slots=self._t(padded),
+            decode_slots=self._t(padded.reshape(-1)),
             decode_mask=self._t(valid[:, None, None, :]),
             extends=extends,
+            only_decode=not extends,
         )
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
@@ -81,19 +83,28 @@ class TorchPagedAttention(AttentionBackend):
         v_flat = kv_cache[1].view(-1, kvh, d)
         k_flat.index_copy_(0, p.write_slots, k)
         v_flat.index_copy_(0, p.write_slots, v)
+        # index_select, not advanced indexing: several times faster for these gathers.
+        if p.only_decode:
+            return self._decode(q, k_flat, v_flat, p).squeeze(2)
         out = torch.empty_like(q)
         if len(p.decode_rows):
-            qd = q[p.decode_rows].unsqueeze(2)  # (Bd, H, 1, D)
-            kd = k_flat[p.decode_slots].transpose(1, 2)  # (Bd, KVH, L, D)
-            vd = v_flat[p.decode_slots].transpose(1, 2)
-            od = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=p.decode_mask, enable_gqa=True
-            )
-            out[p.decode_rows] = od.squeeze(2)
+            out[p.decode_rows] = self._decode(q[p.decode_rows], k_flat, v_flat, p).squeeze(2)
         for e in p.extends:
             qe = q[e.tokens].transpose(0, 1).unsqueeze(0)  # (1, H, n, D)
-            ke = k_flat[e.kv_slots].transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
-            ve = v_flat[e.kv_slots].transpose(0, 1).unsqueeze(0)
+            ke = k_flat.index_select(0, e.kv_slots).transpose(0, 1).unsqueeze(0)  # (1, KVH, L, D)
+            ve = v_flat.index_select(0, e.kv_slots).transpose(0, 1).unsqueeze(0)
             oe = F.scaled_dot_product_attention(qe, ke, ve, attn_mask=e.mask, enable_gqa=True)
             out[e.tokens] = oe.squeeze(0).transpose(0, 1)
         return out
+
+    @staticmethod
+    def _decode(
+        qd: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, p: _Plan
+    ) -> torch.Tensor:
+        """Decode rows (Bd, H, D) against their padded KV: (Bd, H, 1, D)."""
+        bd, kvh, d = qd.shape[0], k_flat.shape[1], k_flat.shape[2]
+        kd = k_flat.index_select(0, p.decode_slots).view(bd, -1, kvh, d).transpose(1, 2)
+        vd = v_flat.index_select(0, p.decode_slots).view(bd, -1, kvh, d).transpose(1, 2)
+        return F.scaled_dot_product_attention(
+            qd.unsqueeze(2), kd, vd, attn_mask=p.decode_mask, enable_gqa=True
+        )
