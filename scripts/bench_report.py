@@ -19,7 +19,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchkit.targets import batching_gain, ceiling_rows, target_rows
+from trd.tinymodels.build import SPECS
+
+from benchkit.targets import (
+    batching_gain,
+    ceiling_rows,
+    delayed_batching_note,
+    step_cost_note,
+    target_rows,
+)
 
 FULL = "tokenrouterd"
 LADDER = ("no_delayed_batching", "no_pending_kv", "step_sync", "forced_delay", FULL)
@@ -120,7 +128,8 @@ def render(data: dict[str, Any], out: Path) -> str:
         f"no GPU; run {m['date']}, {data['total_s'] / 60:.1f} min in all. Command: "
         f"`{data['command']}`.",
         "",
-        "Models: the fixture Qwen3 pair (hidden 64; small 2 layers, large 4), float32, greedy, "
+        f"Models: the fixture Qwen3 pair (hidden {SPECS['small'].hidden}; small "
+        f"{SPECS['small'].layers} layer(s), large {SPECS['large'].layers}), float32, greedy, "
         f"EOS ignored. Policy: R-Stitch, threshold {data['tau']}. tokenrouterd's delayed-"
         f"batching thresholds (Markov model, from the live figures of its first run): "
         f"`{data['thresholds']}`.",
@@ -175,6 +184,8 @@ def render(data: dict[str, Any], out: Path) -> str:
         "",
         *[f"- {n}" for n in data.get("notes", [])],
         *batching_gain(runs, top_n),
+        *delayed_batching_note(runs, top_n),
+        *step_cost_note(runs),
         *SHORTFALL_NOTES,
     ]
     return "\n".join(lines) + "\n"
@@ -185,8 +196,6 @@ SHORTFALL_NOTES = [
     "  client share the same 2 cores. Timings carry several percent of run-to-run noise",
     "  (more when other jobs run on the host; each short-workload comparison at the largest",
     "  N is run twice and the faster run kept); gaps smaller than that are not evidence.",
-    "- The fixture large model is only ~1.6-2x the small one's step cost, so routing saves",
-    "  less than with a 0.6B/32B pair; all systems share that handicap.",
     "- The std baseline's servers have no prefix cache; a server with one (vLLM APC, SGLang",
     "  radix cache) would avoid re-prefilling the context on every call and narrow that gap.",
     "- Attention over the paged KV cache runs in torch on CPU, so steps get slower as",

@@ -1,8 +1,9 @@
 """Benchmark token routing across engine processes against the reference loop.
 
 Closed loop: N requests in flight (a finished one is replaced at once) over the
-small+large fixtures with R-Stitch; the threshold is calibrated so that 40% of
-the small model's positions escalate. Reports tokens/s, the large model's
+small+large fixtures with R-Stitch; for each output length the threshold is bisected
+until the large model makes about 25% (--large-fraction) of the tokens of 8 calibration
+requests (the issue asks for 10-40%). Reports tokens/s, the large model's
 token fraction, handoffs per request, handoff latency (send -> runnable on the peer,
 excluding time the peer was still busy with a step of its own: forward, routing and
 sends), and the reference loop's tokens/s on the same workload.
@@ -24,15 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from trd.engines.engine import Engine
 from trd.engines.group import EngineGroup, run_closed_loop
 from trd.engines.spec import EngineSpec
 from trd.engines.tracker import Tracked
-from trd.policies.base import normalized_entropy
 from trd.protocol import SamplingParams
 from trd.reference import ReferenceRouter
 from trd.thresholds.live import recommend_live
@@ -40,6 +38,7 @@ from trd.tinymodels.build import ensure_models
 from trd.tinymodels.corpus import corpus
 
 Job = tuple[list[int], SamplingParams]
+CALIBRATION_STEPS, CALIBRATION_SLACK = 7, 0.03
 
 
 def make_jobs(tok_dir: Path, count: int, max_tokens: int, prompt_len: int = 64) -> list[Job]:
@@ -49,20 +48,27 @@ def make_jobs(tok_dir: Path, count: int, max_tokens: int, prompt_len: int = 64) 
     return [(tok.encode(docs[i % len(docs)]).ids[:prompt_len], params) for i in range(count)]
 
 
-def calibrate_tau(small: Path, jobs: list[Job], escalate: float) -> float:
-    """The entropy quantile above which `escalate` of the small model's positions lie."""
-    engine = Engine(small, kv_tokens=8192)
-    probe = [(p, SamplingParams(max_tokens=48, ignore_eos=True)) for p, _ in jobs[:8]]
-    rids = [engine.add_request(p, sp) for p, sp in probe]
-    ents: list[float] = []
-    while engine.has_unfinished():
-        result = engine.forward()
-        assert result is not None
-        ents += normalized_entropy(result.forward.logits).tolist()
-        for req, token in zip(result.requests, result.tokens, strict=True):
-            engine.commit(req, [token])
-    assert rids
-    return float(np.quantile(ents, 1 - escalate))
+def calibrate(paths: list[Path], max_tokens: int, target: float) -> tuple[float, float]:
+    """Bisect the R-Stitch threshold until the large model makes about `target` of the
+    tokens of 8 workload requests (run through the engines at N=8); (tau, fraction)."""
+    probe = make_jobs(paths[0], 8, max_tokens)
+    lo, hi = 0.5, 1.0  # a higher threshold escalates less
+    best = (1.0, float("inf"), 0.0)  # (tau, distance to target, fraction)
+    for _ in range(CALIBRATION_STEPS):
+        tau = (lo + hi) / 2
+        group = EngineGroup(rstitch_specs(paths, tau))
+        group.start()
+        try:
+            results = run_closed_loop(group, probe, 8)
+        finally:
+            group.close()
+        frac = summarize(results, 1.0)["large_fraction"]
+        if abs(frac - target) < best[1]:
+            best = (tau, abs(frac - target), frac)
+        if abs(frac - target) <= CALIBRATION_SLACK:
+            break
+        lo, hi = (tau, hi) if frac > target else (lo, tau)
+    return best[0], best[2]
 
 
 def summarize(results: list[Tracked], wall: float) -> dict[str, Any]:
@@ -118,8 +124,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", default="1,4,16", help="closed-loop concurrency levels")
     ap.add_argument("--max-tokens", default="128,512", help="output lengths")
-    ap.add_argument("--requests", type=int, default=2, help="requests per unit of N (min 4)")
-    ap.add_argument("--escalate", type=float, default=0.4, help="target escalation fraction")
+    ap.add_argument("--requests", type=int, default=2, help="requests per unit of N (min 8)")
+    ap.add_argument(
+        "--large-fraction", type=float, default=0.25, help="calibrate tau to this large share"
+    )
+    ap.add_argument("--tau", type=float, help="use this R-Stitch threshold, no calibration")
     ap.add_argument("--ref-requests", type=int, default=3, help="requests for the reference")
     ap.add_argument("--thresholds", action="store_true", help="compare Markov thresholds at N=16")
     ap.add_argument("--out", type=Path, default=Path("bench_results/routing.json"))
@@ -129,48 +138,59 @@ def main() -> None:
     paths = [models["small"], models["large"]]
     levels = [int(x) for x in args.n.split(",")]
     lengths = [int(x) for x in args.max_tokens.split(",")]
-    tau = calibrate_tau(paths[0], make_jobs(paths[0], 8, 48), args.escalate)
-    specs = [
-        EngineSpec(model=i, name=n, path=str(p), num_models=2, policy="rstitch",
-                   policy_params={"threshold": tau}, kv_tokens=65536, threads=1)
-        for i, (n, p) in enumerate(zip(("small", "large"), paths, strict=True))
-    ]  # fmt: skip
-    group = EngineGroup(specs)
-    group.start()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    taus: dict[int, float] = {}
     cmp: dict[str, Any] | None = None
     print(HEADER)
-    try:
-        for max_tokens in lengths:
+    for max_tokens in lengths:
+        # Later positions are easier, so each output length gets its own threshold.
+        if args.tau is None:
+            tau, frac = calibrate(paths, max_tokens, args.large_fraction)
+            print(f"max_tokens {max_tokens}: tau {tau:.4f} gives {100 * frac:.0f}% large "
+                  "tokens on the calibration requests", flush=True)  # fmt: skip
+        else:
+            tau = args.tau
+        taus[max_tokens] = tau
+        group = EngineGroup(rstitch_specs(paths, tau))
+        group.start()
+        try:
             ref = run_reference(paths, tau, make_jobs(paths[0], args.ref_requests, max_tokens))
             for n in levels:
-                jobs = make_jobs(paths[0], max(4, args.requests * n), max_tokens)
+                jobs = make_jobs(paths[0], max(8, args.requests * n), max_tokens)
                 start = time.perf_counter()
                 results = run_closed_loop(group, jobs, n)
                 row = {
                     "n": n,
                     "max_tokens": max_tokens,
+                    "tau": tau,
                     **summarize(results, time.perf_counter() - start),
                 }
                 row["reference_tok_s"] = ref["tok_s"]
                 row["speedup_vs_reference"] = row["tok_s"] / ref["tok_s"]
                 rows.append(row)
                 print_row(row)
-        if args.thresholds:
-            cmp = compare_thresholds(group, make_jobs(paths[0], 32, lengths[0]), 16)
-            for label in ("all_ones", "recommended"):
-                r = cmp[label]
-                print(
-                    f"N=16 {label:12} {r['tok_s']:8.1f} tok/s  TPOT p50 {r['tpot_ms_p50']:.2f} ms"
-                )
-            print(f"recommended table {cmp['recommended_table']}, "
-                  f"ratio {cmp['throughput_ratio']:.3f}")  # fmt: skip
-    finally:
-        group.close()
+            if args.thresholds and max_tokens == lengths[0]:
+                cmp = compare_thresholds(group, make_jobs(paths[0], 32, max_tokens), 16)
+        finally:
+            group.close()
+    if cmp is not None:
+        for label in ("all_ones", "recommended"):
+            r = cmp[label]
+            print(f"N=16 {label:12} {r['tok_s']:8.1f} tok/s  TPOT p50 {r['tpot_ms_p50']:.2f} ms")
+        print(f"recommended table {cmp['recommended_table']}, "
+              f"ratio {cmp['throughput_ratio']:.3f}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"tau": tau, "rows": rows, "thresholds": cmp}
+    result = {"taus": taus, "rows": rows, "thresholds": cmp}
     args.out.write_text(json.dumps(result, indent=2))
-    print(f"rstitch tau={tau:.4f}; wrote {args.out}")
+    print(f"rstitch tau per output length {taus}; wrote {args.out}")
+
+
+def rstitch_specs(paths: list[Path], tau: float) -> list[EngineSpec]:
+    return [
+        EngineSpec(model=i, name=n, path=str(p), num_models=2, policy="rstitch",
+                   policy_params={"threshold": tau}, kv_tokens=65536, threads=1)
+        for i, (n, p) in enumerate(zip(("small", "large"), paths, strict=True))
+    ]  # fmt: skip
 
 
 HEADER = (

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trd.tinymodels import train as tr
 from trd.tinymodels.build import build_one, save_random_checkpoint
-from trd.tinymodels.cache import ensure_tokenizer
+from trd.tinymodels.cache import BUILD_VERSION, cache_root, ensure_tokenizer
 from trd.tinymodels.corpus import corpus
 
 # Windows after the ones the build itself reported on, so this is a fresh sample.
@@ -126,3 +126,12 @@ def test_small_build_is_reproducible(tmp_path: Path) -> None:
     first = weights("a", seed=0)
     assert weights("b", seed=0) == first
     assert weights("c", seed=1) != first
+
+
+def test_cache_root_is_absolute_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRD_CACHE_DIR", "rel/cache")
+    assert cache_root() == tmp_path / "rel" / "cache" / f"tiny-models-v{BUILD_VERSION}"
+    assert cache_root(Path("other")).is_absolute()

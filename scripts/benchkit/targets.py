@@ -105,3 +105,34 @@ def batching_gain(runs: list[dict[str, Any]], top_n: int) -> list[str]:
         "  steps whose latency is nearly flat in the batch size; here the gain over the",
         "  one-request loop is bounded by that per-row ratio times the two engines' overlap.",
     ]
+
+
+def step_cost_note(runs: list[dict[str, Any]]) -> list[str]:
+    """How much dearer the large model's step is than the small's, at N=1."""
+    one = find(runs, FULL, "short", 1)
+    models = one["ceiling"]["models"] if one and one.get("ceiling") else {}
+    small, large = models.get("small"), models.get("large")
+    if not (small and large and small["step_ms_mean"]):
+        return []
+    cost = large["step_ms_mean"] / small["step_ms_mean"]
+    return [
+        f"- The fixture large model's step costs {cost:.1f}x the small one's here "
+        f"({large['step_ms_mean']:.1f} vs {small['step_ms_mean']:.1f} ms at N=1),",
+        "  where a 0.6B/32B pair differs by more than 10x on a GPU: routing saves less than",
+        "  with such a pair; all systems share that handicap.",
+    ]
+
+
+def delayed_batching_note(runs: list[dict[str, Any]], top_n: int) -> list[str]:
+    """Why delayed batching did not pay, when it did not."""
+    r = ratio(find(runs, "no_delayed_batching", "short", top_n), find(runs, FULL, "short", top_n))
+    if r is None or r < 1:
+        return []
+    return [
+        f"- Delayed batching did not pay in this run (no_delayed_batching / tokenrouterd = "
+        f"{r:.2f}x at N={top_n}):",
+        "  a CPU step grows with its batch (above), so the rows gained by waiting save",
+        "  little, while the wait itself idles the engine that waits. The Markov model uses",
+        "  the measured step cost per batch size but assumes each engine owns its device;",
+        "  here the engines, the front end and the load client share 2 cores.",
+    ]

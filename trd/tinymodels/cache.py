@@ -31,11 +31,15 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", *TO
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
-    """cache_dir, else $TRD_CACHE_DIR, else ~/.cache/tokenrouterd; versioned below it."""
+    """cache_dir, else $TRD_CACHE_DIR, else ~/.cache/tokenrouterd; versioned below it.
+
+    Absolute, so the paths handed to engines and written into configs do not depend on
+    the working directory of whoever reads them.
+    """
     base = cache_dir or Path(
         os.environ.get("TRD_CACHE_DIR") or Path.home() / ".cache" / "tokenrouterd"
     )
-    return Path(base) / f"tiny-models-v{BUILD_VERSION}"
+    return Path(base).expanduser().absolute() / f"tiny-models-v{BUILD_VERSION}"
 
 
 @contextmanager

@@ -1,0 +1,146 @@
+"""Messages exchanged between the front end and the engines (the codec is in `codec`).
+
+Every message is a slotted dataclass; `Message` is their union.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+MAX_EXTRA = 64 * 1024  # bytes of policy-defined data a PeerReq may carry
+
+
+class ProtocolError(ValueError):
+    """A frame that cannot be decoded, or a message that cannot be encoded."""
+
+
+class FinishReason(IntEnum):
+    NONE = 0
+    STOP = 1  # eos or a stop token
+    LENGTH = 2  # max_tokens reached
+    ABORT = 3
+    ERROR = 4
+
+
+class PeerKind(IntEnum):
+    HANDOFF = 1
+    FINISH = 2
+    ABORT = 3
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None  # None = unseeded
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.max_tokens >= 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not self.top_k >= 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k!r}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be None or in [0, 2**63), got {self.seed!r}")
+        # Token ids travel as int32 on the wire.
+        ids = self.stop_token_ids
+        if ids and not (min(ids) >= 0 and max(ids) < 2**31):
+            raise ValueError(f"stop_token_ids must be in [0, 2**31), got {self.stop_token_ids!r}")
+
+
+@dataclass(slots=True)
+class Submit:
+    """Front end -> entry engine: a new request."""
+
+    rid: int
+    prompt: np.ndarray  # int32 token ids, len >= 1
+    params: SamplingParams
+    arrival: float  # time.time() seconds
+
+
+@dataclass(slots=True)
+class PeerReq:
+    """Engine -> engine: a handoff, finish or abort of one request."""
+
+    rid: int
+    src: int  # model index
+    dst: int
+    handoff_seq: int  # strictly increasing per request; stale or duplicate ones are ignored
+    kind: PeerKind
+    loc: int  # position in the full sequence (prompt + output) where `tokens` starts
+    tokens: np.ndarray  # int32: the suffix dst has not materialised
+    prompt_len: int
+    params: SamplingParams | None  # present on a request's first arrival at dst
+    extra: bytes  # policy-defined, <= MAX_EXTRA bytes
+    sent_at: float  # time.perf_counter() at send, for handoff latency stats
+    anchors: np.ndarray  # uint32, one per model (<= 255): committed tokens model j holds
+
+
+@dataclass(slots=True)
+class Emit:
+    """Engine -> front end: committed output tokens of one request."""
+
+    rid: int
+    pos: int  # output position of tokens[0] (0 = first generated token)
+    tokens: np.ndarray  # int32
+    models: np.ndarray  # uint8, producing model per token
+    finish: FinishReason  # NONE while running
+    error: str = ""  # set when finish == ERROR
+
+
+@dataclass(slots=True)
+class Abort:
+    """Front end -> engine: the client went away."""
+
+    rid: int
+
+
+@dataclass(slots=True)
+class Ready:
+    """Engine -> front end, once after the model is loaded."""
+
+    model: int
+    pid: int
+    kv_pages: int
+    page_size: int
+    error: str = ""  # non-empty: the engine failed to start, and why
+
+
+@dataclass(slots=True)
+class Done:
+    """Engine -> front end: the engine freed a request; its per-request stats."""
+
+    rid: int
+    model: int  # the engine reporting
+    fed_tokens: int  # tokens this engine ran through its model for the request
+    forwards: int  # forwards that produced a candidate for it on this engine
+    holders: int  # bitmask of models that held the request (bit j = model j)
+    handoff_latencies: np.ndarray  # float32 seconds, one per handoff this engine received
+
+
+@dataclass(slots=True)
+class Stats:
+    """Engine -> front end, periodically: a JSON object of counters and live estimates."""
+
+    model: int
+    body: str
+
+
+@dataclass(slots=True)
+class Control:
+    """Front end -> engine: a JSON command (e.g. new delayed-batching thresholds)."""
+
+    body: str
+
+
+Message = Submit | PeerReq | Emit | Abort | Ready | Done | Stats | Control
