@@ -3,7 +3,8 @@
 For each model: tokens/s of (a) our engine with 1 and with 16 concurrent requests and
 (b) transformers `generate`, one request at a time; outputs are checked to be equal
 (greedy). Also the share of each engine step spent outside the model forward
-(scheduling, page tables, sampling) at batch 16. Then the decode step cost of the
+(scheduling, page tables, sampling) at batch 16; each with torch's linear layers
+and with oneDNN-packed ones (`cpu_linear`). Then the decode step cost of the
 routing fixtures (small, mid, large) at batch 1 and 16, relative to the small's.
 Prints tables, writes JSON.
 
@@ -31,8 +32,10 @@ def prompts(n: int) -> list[list[int]]:
     return [[(31 * i + 7 * j) % 1900 + 40 for j in range(PROMPT_LEN)] for i in range(n)]
 
 
-def run_engine(path: Path, n: int) -> tuple[float, list[list[int]], float]:
-    engine = Engine(path, dtype="float32", kv_tokens=16384)
+def run_engine(
+    path: Path, n: int, cpu_linear: str = "torch"
+) -> tuple[float, list[list[int]], float]:
+    engine = Engine(path, dtype="float32", kv_tokens=16384, cpu_linear=cpu_linear)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     engine.generate(prompts(1), SamplingParams(max_tokens=4))  # warm-up
     engine.runner.model_seconds = 0.0
@@ -59,6 +62,8 @@ def run_transformers(path: Path, n: int) -> tuple[float, list[list[int]]]:
 
 
 FIXTURES = ("small", "mid", "large")
+# Our engine with torch's linear (the default) and with oneDNN-packed weights.
+LINEARS = ("torch", "onednn")
 
 
 def fixture_step_ms() -> dict[str, dict[str, float]]:
@@ -81,28 +86,31 @@ def main() -> None:
     paths = ensure_models(names=names)
     rows = []
     for name in names:
-        tps1, out1, _ = run_engine(paths[name], 1)
-        tps16, out16, overhead = run_engine(paths[name], CONCURRENT)
         hf1, ref1 = run_transformers(paths[name], 1)
         hf_seq, ref16 = run_transformers(paths[name], CONCURRENT)
-        rows.append({
-            "model": name,
-            "engine_b1_tok_s": tps1,
-            "engine_b16_tok_s": tps16,
-            "hf_b1_tok_s": hf1,
-            "hf_sequential_tok_s": hf_seq,
-            "b1_ratio": tps1 / hf1,
-            "b16_vs_hf_sequential": tps16 / hf_seq,
-            "overhead_fraction_b16": overhead,
-            "outputs_equal": out1 == ref1 and out16 == ref16,
-        })  # fmt: skip
-    header = f"{'model':6} {'ours b1':>9} {'hf b1':>9} {'ratio':>6} {'ours b16':>9} {'hf seq':>9} "
-    header += f"{'ratio':>6} {'overhead':>8} {'equal':>5}"
+        for linear in LINEARS:
+            tps1, out1, _ = run_engine(paths[name], 1, linear)
+            tps16, out16, overhead = run_engine(paths[name], CONCURRENT, linear)
+            rows.append({
+                "model": name,
+                "cpu_linear": linear,
+                "engine_b1_tok_s": tps1,
+                "engine_b16_tok_s": tps16,
+                "hf_b1_tok_s": hf1,
+                "hf_sequential_tok_s": hf_seq,
+                "b1_ratio": tps1 / hf1,
+                "b16_vs_hf_sequential": tps16 / hf_seq,
+                "overhead_fraction_b16": overhead,
+                "outputs_equal": out1 == ref1 and out16 == ref16,
+            })  # fmt: skip
+    header = f"{'model':6} {'linear':6} {'ours b1':>9} {'hf b1':>9} {'ratio':>6} "
+    header += f"{'ours b16':>9} {'hf seq':>9} {'ratio':>6} {'overhead':>8} {'equal':>5}"
     print(f"tokens/s, prompt {PROMPT_LEN}, {NEW_TOKENS} new tokens, {args.threads} threads")
     print(header)
     for r in rows:
         print(
-            f"{r['model']:6} {r['engine_b1_tok_s']:9.1f} {r['hf_b1_tok_s']:9.1f} "
+            f"{r['model']:6} {r['cpu_linear']:6} "
+            f"{r['engine_b1_tok_s']:9.1f} {r['hf_b1_tok_s']:9.1f} "
             f"{r['b1_ratio']:6.2f} "
             f"{r['engine_b16_tok_s']:9.1f} {r['hf_sequential_tok_s']:9.1f} "
             f"{r['b16_vs_hf_sequential']:6.2f} {r['overhead_fraction_b16']:8.1%} "

@@ -103,6 +103,7 @@ BAD = [  # (key to set, value, expected start of the message)
     ("engine.pending_kv", "no", "engine.pending_kv: 'no': expected true or false"),
     ("engine.step_sync", 1, "engine.step_sync: 1: expected true or false"),
     ("engine.spin_ms", -1, "engine.spin_ms: -1: must be >= 0"),
+    ("engine.cpu_linear", "mkl", "engine.cpu_linear: 'mkl': expected one of"),
     ("batching.auto_interval_s", -1, "batching.auto_interval_s: -1"),
     ("shutdown.grace_s", "soon", "shutdown.grace_s: 'soon': expected a number"),
     ("restart.max_retries", -1, "restart.max_retries: -1: must be >= 0"),
@@ -156,6 +157,17 @@ def test_plan_caps_cpu_kv_and_sizes_every_engine(raw: dict[str, Any]) -> None:
     assert [s.kv_tokens for s in launch.specs] == [992, 992]
     assert [s.model for s in launch.specs] == [0, 1]
     assert launch.specs[1].thresholds == (1,)
+
+
+def test_onednn_linears_need_cpu_float32_and_reach_the_specs(raw: dict[str, Any]) -> None:
+    engine = {"cpu_linear": "onednn"}
+    with pytest.raises(ConfigError, match=r"engine\.cpu_linear: 'onednn': needs device: cpu"):
+        from_dict({**raw, "engine": engine}, Path("/"))  # large defaults to bfloat16
+    raw["models"][1]["dtype"] = "float32"
+    with pytest.raises(ConfigError, match=r"engine\.cpu_linear"):
+        from_dict({**raw, "engine": engine, "device": "auto"}, Path("/"))
+    launch = plan_launch(from_dict({**raw, "engine": engine}, Path("/")))
+    assert [s.cpu_linear for s in launch.specs] == ["onednn", "onednn"]
 
 
 def test_plan_refuses_a_budget_too_small_for_one_request(raw: dict[str, Any]) -> None:

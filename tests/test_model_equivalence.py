@@ -23,9 +23,13 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return save_random_checkpoint(arch, out, seed=7, tie_word_embeddings=tied)
 
 
-def engine_logits(path: Path, dtype: str, prompts: list[list[int]]) -> dict[int, torch.Tensor]:
+def engine_logits(
+    path: Path, dtype: str, prompts: list[list[int]], cpu_linear: str = "torch"
+) -> dict[int, torch.Tensor]:
     """Prefill + DECODE_STEPS greedy decodes, all prompts batched; logits rows per request."""
-    engine = Engine(path, dtype=dtype, page_size=4, kv_tokens=1024, max_batch_tokens=32)
+    engine = Engine(
+        path, dtype=dtype, page_size=4, kv_tokens=1024, max_batch_tokens=32, cpu_linear=cpu_linear
+    )
     params = SamplingParams(max_tokens=DECODE_STEPS + 1, ignore_eos=True)
     rids = [engine.add_request(p, params) for p in prompts]
     rows: dict[int, list[torch.Tensor]] = {rid: [] for rid in rids}
@@ -42,12 +46,15 @@ def engine_logits(path: Path, dtype: str, prompts: list[list[int]]) -> dict[int,
     }
 
 
-@pytest.mark.parametrize("dtype,tol", [("float64", 1e-9), ("float32", 1e-4)])
+@pytest.mark.parametrize(
+    "dtype,tol,cpu_linear",
+    [("float64", 1e-9, "torch"), ("float32", 1e-4, "torch"), ("float32", 1e-4, "onednn")],
+)
 def test_prefill_and_decode_logits_match_transformers(
-    checkpoint: Path, dtype: str, tol: float
+    checkpoint: Path, dtype: str, tol: float, cpu_linear: str
 ) -> None:
     prompts = [[5 + i for i in range(n)] for n in (3, 17, 40)]
-    ours = engine_logits(checkpoint, dtype, prompts)
+    ours = engine_logits(checkpoint, dtype, prompts, cpu_linear)
     ref = AutoModelForCausalLM.from_pretrained(
         checkpoint, dtype=getattr(torch, dtype), attn_implementation="sdpa"
     ).eval()
@@ -60,3 +67,10 @@ def test_prefill_and_decode_logits_match_transformers(
         assert ours[rid].shape == expected.shape
         diff = (ours[rid] - expected).abs().max().item()
         assert diff <= tol, f"max |logit diff| {diff:.3g} > {tol}"
+
+
+def test_onednn_linear_is_refused_outside_float32_on_cpu(checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="needs device cpu and dtype float32"):
+        Engine(checkpoint, dtype="float64", kv_tokens=64, cpu_linear="onednn")
+    with pytest.raises(ValueError, match="is not one of"):
+        Engine(checkpoint, kv_tokens=64, cpu_linear="mkl")

@@ -9,7 +9,8 @@
     policy: {name: rstitch, <the policy's params>}
     batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
     engine: {page_size: 16, max_batch_tokens: 1024, max_batch_size: 64, threads: auto,
-             spin_ms: 20, pending_kv: true, step_sync: false}   (the last two: ablations)
+             spin_ms: 20, cpu_linear: torch, pending_kv: true, step_sync: false}
+             (the last two: ablations)
     shutdown: {grace_s: 30}         restart: {max_retries: 3, backoff_s: 1.0}
 
 A bad value raises ConfigError naming its key, the value and the reason; so does an
@@ -102,6 +103,7 @@ class EngineConfig:
     max_batch_size: int = 64
     threads: int | None = None  # None = auto: cpu_count // number of models
     spin_ms: float = 20.0  # an engine with a request at a peer polls its rings this long
+    cpu_linear: str = "torch"  # "onednn": oneDNN-packed float32 linears (CPU only)
     pending_kv: bool = True  # ablation: False frees a request's KV when it leaves an engine
     step_sync: bool = False  # ablation: True puts a global barrier between engine steps
 
@@ -193,6 +195,10 @@ def from_dict(raw: Any, base_dir: Path) -> Config:
     )
     for sec in (top, batching, shutdown, restart):
         sec.done()
+    if cfg.engine.cpu_linear == "onednn" and (
+        cfg.device != "cpu" or any(m.dtype != "float32" for m in models)
+    ):
+        fail("engine.cpu_linear", "onednn", "needs device: cpu and every model in float32")
     return cfg
 
 
@@ -242,6 +248,7 @@ def _engine(sec: Section) -> EngineConfig:
         max_batch_size=sec.integer("max_batch_size", 64, low=1),
         threads=None if threads == "auto" else threads,
         spin_ms=sec.number("spin_ms", 20.0, low=0.0),
+        cpu_linear=sec.choice("cpu_linear", ["torch", "onednn"], "torch"),
         pending_kv=sec.boolean("pending_kv", True),
         step_sync=sec.boolean("step_sync", False),
     )

@@ -88,6 +88,7 @@ def plan_launch(cfg: Config) -> Launch:
             thresholds=cfg.thresholds.get(m.name, (1,)),
             max_wait_ms=cfg.max_wait_ms,
             spin_ms=cfg.engine.spin_ms,
+            cpu_linear=cfg.engine.cpu_linear,
             pending_kv=cfg.engine.pending_kv,
             step_sync=cfg.engine.step_sync,
         )

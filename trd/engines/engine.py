@@ -59,6 +59,7 @@ class Engine:
         max_batch_size: int = 64,
         max_model_len: int | None = None,
         attention: str = "auto",
+        cpu_linear: str = "torch",
     ) -> None:
         num_pages = -(-kv_tokens // page_size)
         self.runner = ModelRunner(
@@ -68,6 +69,7 @@ class Engine:
             num_pages=num_pages,
             page_size=page_size,
             attention=attention,
+            cpu_linear=cpu_linear,
         )
         self.cfg = self.runner.cfg
         limit = self.cfg.max_position_embeddings

@@ -17,6 +17,7 @@ import torch
 from trd.engines.attention import BatchLayout, make_backend
 from trd.engines.checkpoint import ModelConfig, load_config
 from trd.engines.loader import load_model, torch_dtype
+from trd.engines.packed import onednn_available, pack_linears
 from trd.engines.scheduler import Scheduled
 
 
@@ -25,6 +26,20 @@ class ForwardOutput:
     items: list[Scheduled]  # the scheduled feeds that completed, in batch order
     logits: torch.Tensor  # (B, V) next-token logits for those items
     hidden: torch.Tensor  # (B, hidden) final-norm hidden state of their last token
+
+
+CPU_LINEARS = ("torch", "onednn")
+
+
+def check_cpu_linear(choice: str, device: torch.device, dtype: str) -> None:
+    if choice not in CPU_LINEARS:
+        raise ValueError(f"cpu_linear {choice!r} is not one of {CPU_LINEARS}")
+    if choice == "onednn" and (device.type != "cpu" or dtype != "float32"):
+        raise ValueError(
+            f"cpu_linear 'onednn' needs device cpu and dtype float32, got {device}, {dtype}"
+        )
+    if choice == "onednn" and not onednn_available():
+        raise ValueError("cpu_linear 'onednn': this torch build has no oneDNN linear")
 
 
 class ModelRunner:
@@ -37,12 +52,16 @@ class ModelRunner:
         num_pages: int,
         page_size: int,
         attention: str = "auto",
+        cpu_linear: str = "torch",
     ) -> None:
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         self.dtype = torch_dtype(dtype)
+        check_cpu_linear(cpu_linear, self.device, dtype)
         self.cfg: ModelConfig = load_config(self.model_dir)
         self.model = load_model(self.model_dir, self.cfg, dtype, self.device)
+        if cpu_linear == "onednn":
+            pack_linears(self.model)
         self.page_size = page_size
         self.backend = make_backend(attention, self.device, self.cfg, self.dtype)
         shape = (2, num_pages, page_size, self.cfg.num_kv_heads, self.cfg.head_dim)

@@ -22,6 +22,7 @@ class EngineSpec:
     max_batch_size: int = 64
     max_model_len: int | None = None
     attention: str = "auto"
+    cpu_linear: str = "torch"  # "onednn": oneDNN-packed float32 linears on CPU
     threads: int = 1
     thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
     max_wait_ms: float = 20.0

@@ -153,6 +153,7 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
             max_batch_size=spec.max_batch_size,
             max_model_len=spec.max_model_len,
             attention=spec.attention,
+            cpu_linear=spec.cpu_linear,
         )
         embed = engine.runner.model.model.embed_tokens
         ctx = PolicyContext(spec.model, spec.num_models, embed)
