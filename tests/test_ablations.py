@@ -24,7 +24,7 @@ SWITCHES = [{"pending_kv": False}, {"step_sync": True}, {"spin_ms": 0.0}]
 @pytest.mark.parametrize("switch", SWITCHES, ids=str)
 def test_ablations_keep_outputs(tiny_models: dict[str, Path], switch: dict[str, object]) -> None:
     paths = [tiny_models["small"], tiny_models["large"]]
-    work = jobs(paths[0])[2:14]
+    work = jobs(paths[0])[2:10]
     expected = reference(paths, POLICY, PARAMS, work)
     group = EngineGroup([dataclasses.replace(s, **switch) for s in specs(paths, POLICY, PARAMS)])
     group.start()
