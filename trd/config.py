@@ -31,6 +31,7 @@ import yaml
 from trd.config_reader import ConfigError, Section, fail
 from trd.engines.checkpoint import DTYPES, CheckpointError
 from trd.engines.checkpoint import load_config as load_checkpoint_config
+from trd.engines.spec import CPU_LINEARS
 from trd.policies import POLICIES
 
 __all__ = ["Config", "ConfigError", "load_config"]
@@ -248,7 +249,7 @@ def _engine(sec: Section) -> EngineConfig:
         max_batch_size=sec.integer("max_batch_size", 64, low=1),
         threads=None if threads == "auto" else threads,
         spin_ms=sec.number("spin_ms", 20.0, low=0.0),
-        cpu_linear=sec.choice("cpu_linear", ["torch", "onednn"], "torch"),
+        cpu_linear=sec.choice("cpu_linear", list(CPU_LINEARS), "torch"),
         pending_kv=sec.boolean("pending_kv", True),
         step_sync=sec.boolean("step_sync", False),
     )

@@ -29,7 +29,6 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         weight = linear.weight.detach()
-        self.out_features = weight.shape[0]
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _ROWS_HINT)
         self.bias = None if linear.bias is None else linear.bias.detach()
 
@@ -37,12 +36,9 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every `nn.Linear` in model by a `PackedLinear`; returns how many."""
-    count = 0
+def pack_linears(model: nn.Module) -> None:
+    """Replace every `nn.Linear` in model by a `PackedLinear`."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, PackedLinear(child))
-                count += 1
-    return count

@@ -19,6 +19,7 @@ from trd.engines.checkpoint import ModelConfig, load_config
 from trd.engines.loader import load_model, torch_dtype
 from trd.engines.packed import onednn_available, pack_linears
 from trd.engines.scheduler import Scheduled
+from trd.engines.spec import CPU_LINEARS
 
 
 @dataclass(slots=True)
@@ -26,9 +27,6 @@ class ForwardOutput:
     items: list[Scheduled]  # the scheduled feeds that completed, in batch order
     logits: torch.Tensor  # (B, V) next-token logits for those items
     hidden: torch.Tensor  # (B, hidden) final-norm hidden state of their last token
-
-
-CPU_LINEARS = ("torch", "onednn")
 
 
 def check_cpu_linear(choice: str, device: torch.device, dtype: str) -> None:

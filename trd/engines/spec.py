@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+CPU_LINEARS = ("torch", "onednn")  # how an engine runs its linear layers on CPU
+
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
