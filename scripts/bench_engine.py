@@ -22,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trd.engines.engine import Engine
+from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
 from trd.tinymodels.build import ensure_models
 
@@ -35,7 +36,7 @@ def prompts(n: int) -> list[list[int]]:
 def run_engine(
     path: Path, n: int, cpu_linear: str = "torch"
 ) -> tuple[float, list[list[int]], float]:
-    engine = Engine(path, dtype="float32", kv_tokens=16384, cpu_linear=cpu_linear)
+    engine = Engine(EngineSpec.of(path, dtype="float32", kv_tokens=16384, cpu_linear=cpu_linear))
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     engine.generate(prompts(1), SamplingParams(max_tokens=4))  # warm-up
     engine.runner.model_seconds = 0.0

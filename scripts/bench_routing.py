@@ -28,11 +28,12 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from trd.engines.group import EngineGroup, run_closed_loop
 from trd.engines.spec import EngineSpec
-from trd.engines.tracker import Tracked
+from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.reference import ReferenceRouter
+from trd.supervisor.generation import Generation
+from trd.supervisor.group import EngineGroup, run_closed_loop
 from trd.thresholds.live import recommend_live
 from trd.tinymodels.build import ensure_models
 from trd.tinymodels.corpus import corpus
@@ -71,7 +72,7 @@ def calibrate(paths: list[Path], max_tokens: int, target: float) -> tuple[float,
     return best[0], best[2]
 
 
-def summarize(results: list[Tracked], wall: float) -> dict[str, Any]:
+def summarize(results: list[Generation], wall: float) -> dict[str, Any]:
     tokens = sum(len(r.tokens) for r in results)
     tpots = [t for r in results if (t := r.tpot) is not None]
     large = sum(m == 1 for r in results for m in r.models)
@@ -91,15 +92,15 @@ def summarize(results: list[Tracked], wall: float) -> dict[str, Any]:
 def compare_thresholds(group: EngineGroup, jobs: list[Job], n: int) -> dict[str, Any]:
     """All-ones vs the Markov recommendation from the all-ones run's live figures."""
     for spec in group.specs:
-        group.control(spec.model, {"op": "set_thresholds", "thresholds": [1], "max_wait_ms": 20})
+        group.control(spec.index, {"op": "set_thresholds", "thresholds": [1], "max_wait_ms": 20})
     start = time.perf_counter()
     ones = summarize(run_closed_loop(group, jobs, n), time.perf_counter() - start)
     time.sleep(1.0)  # let every engine publish its latest window
     group.pump(timeout=0.1)
     rec = recommend_live(group.stats, levels=(1, 2, 4, 8, n))
     for spec in group.specs:
-        body = {"op": "set_thresholds", "thresholds": rec["table"][spec.model], "max_wait_ms": 20}
-        group.control(spec.model, body)
+        body = {"op": "set_thresholds", "thresholds": rec["table"][spec.index], "max_wait_ms": 20}
+        group.control(spec.index, body)
     start = time.perf_counter()
     tuned = summarize(run_closed_loop(group, jobs, n), time.perf_counter() - start)
     return {
@@ -113,7 +114,7 @@ def compare_thresholds(group: EngineGroup, jobs: list[Job], n: int) -> dict[str,
 
 
 def run_reference(paths: list[Path], tau: float, jobs: list[Job]) -> dict[str, Any]:
-    ref = ReferenceRouter(paths, "rstitch", {"threshold": tau}, dtype="float32")
+    ref = ReferenceRouter(paths, PolicySpec("rstitch", {"threshold": tau}), dtype="float32")
     start = time.perf_counter()
     traces = [ref.run(p, sp) for p, sp in jobs]
     wall = time.perf_counter() - start
@@ -186,11 +187,11 @@ def main() -> None:
 
 
 def rstitch_specs(paths: list[Path], tau: float) -> list[EngineSpec]:
+    policy = PolicySpec("rstitch", {"threshold": tau})
     return [
-        EngineSpec(model=i, name=n, path=str(p), num_models=2, policy="rstitch",
-                   policy_params={"threshold": tau}, kv_tokens=65536, threads=1)
-        for i, (n, p) in enumerate(zip(("small", "large"), paths, strict=True))
-    ]  # fmt: skip
+        EngineSpec.of(p, index=i, num_models=2, policy=policy, kv_tokens=65536, threads=1)
+        for i, p in enumerate(paths)
+    ]
 
 
 HEADER = (

@@ -65,6 +65,7 @@ class Daemon:
     proc: subprocess.Popen[bytes]
     config: dict[str, Any]
     log_path: Path
+    config_path: Path
 
     @property
     def port(self) -> int:
@@ -77,6 +78,12 @@ class Daemon:
     @property
     def admin(self) -> str:
         return str(self.config["admin"])
+
+    def status(self) -> dict[str, Any]:
+        """`GET /status` of the admin API, with the config's admin token."""
+        from trd.cli import request
+
+        return request(self.admin, "GET", "/status", token=self.config.get("admin_token", ""))
 
     @property
     def model(self) -> str:
@@ -133,7 +140,7 @@ def launch_daemon(config_path: Path, env: dict[str, str] | None = None) -> Daemo
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
             env={**os.environ, **(env or {})},
         )  # fmt: skip
-    return Daemon(proc, yaml.safe_load(config_path.read_text()), log_path)
+    return Daemon(proc, yaml.safe_load(config_path.read_text()), log_path, config_path)
 
 
 def wait_serving(daemon: Daemon) -> Daemon:

@@ -9,6 +9,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from trd.engines.spec import EngineSpec
+from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.reference import ReferenceRouter, Trace
 from trd.tinymodels.corpus import corpus
@@ -46,20 +47,19 @@ def jobs(tokenizer_dir: Path, count: int = 32) -> list[Job]:
 
 
 def specs(
-    paths: list[Path], policy: str, params: dict[str, Any], kv_tokens: int = 16384
+    paths: list[Path], policy: str, params: dict[str, Any], kv_tokens: int = 16384, **settings: Any
 ) -> list[EngineSpec]:
+    """float64 engine specs for `paths` routed by `policy`, built as the daemon builds them."""
+    settings = {"max_batch_tokens": 512, **settings}
     return [
-        EngineSpec(
-            model=i,
-            name=p.name,
-            path=str(p),
+        EngineSpec.of(
+            p,
+            index=i,
             num_models=len(paths),
-            policy=policy,
-            policy_params=params,
+            policy=PolicySpec(policy, params),
             dtype="float64",
             kv_tokens=kv_tokens,
-            page_size=16,
-            max_batch_tokens=512,
+            **settings,
         )
         for i, p in enumerate(paths)
     ]
@@ -74,6 +74,6 @@ def reference(
     """Reference-loop traces for a workload, computed once per test session."""
     key = json.dumps([[str(p) for p in paths], policy, params, [[p, repr(sp)] for p, sp in work]])
     if key not in _TRACES:
-        ref = ReferenceRouter(paths, policy, params)
+        ref = ReferenceRouter(paths, PolicySpec(policy, params))
         _TRACES[key] = [ref.run(p, sp) for p, sp in work]
     return _TRACES[key]

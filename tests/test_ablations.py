@@ -6,12 +6,11 @@ on its eventfd instead of polling while its request is at a peer.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from trd.engines.group import EngineGroup, run_closed_loop
+from trd.supervisor.group import EngineGroup, run_closed_loop
 
 from routing_cases import jobs, reference, specs
 
@@ -26,7 +25,7 @@ def test_ablations_keep_outputs(tiny_models: dict[str, Path], switch: dict[str, 
     paths = [tiny_models["small"], tiny_models["large"]]
     work = jobs(paths[0])[2:10]
     expected = reference(paths, POLICY, PARAMS, work)
-    group = EngineGroup([dataclasses.replace(s, **switch) for s in specs(paths, POLICY, PARAMS)])
+    group = EngineGroup(specs(paths, POLICY, PARAMS, **switch))
     group.start()
     try:
         results = run_closed_loop(group, work, concurrency=4)

@@ -1,4 +1,4 @@
-"""Checkpoint reading: config.json shapes, safetensors headers, clear errors."""
+"""The one checkpoint reader: config.json, safetensors headers, clear errors naming the culprit."""
 
 from __future__ import annotations
 
@@ -10,29 +10,26 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from trd.memplan.checkpoint import (
-    CheckpointError,
-    ModelShape,
-    read_weight_params,
-    weight_bytes,
-)
 from trd.memplan.plan import ModelMem, model_mem
+from trd.models.checkpoint import CheckpointError, ModelConfig, read_checkpoint
 
 # Qwen3-0.6B's published config.json, the keys the planner reads.
 QWEN3_06B = {
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "hidden_size": 1024, "intermediate_size": 3072, "vocab_size": 151936,
+    "model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 1024, "intermediate_size": 3072,
+    "vocab_size": 151936,
 }  # fmt: skip
 
 
 def test_config_defaults_head_dim_and_kv_heads() -> None:
-    shape = ModelShape.from_config(
-        {"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 256,
-         "intermediate_size": 512, "vocab_size": 1000},
-        num_params=7, source="cfg",
+    cfg = ModelConfig.from_dict(
+        {"model_type": "llama", "num_hidden_layers": 3, "num_attention_heads": 8,
+         "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1000},
+        source="cfg",
     )  # fmt: skip
     # No GQA key: kv heads = attention heads; no head_dim: 256 // 8.
-    assert shape == ModelShape(3, 8, 32, 256, 512, 1000, 7)
+    assert (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim) == (3, 8, 32)
+    assert cfg.kv_bytes_per_token("bfloat16") == 3 * 8 * 32 * 2 * 2
 
 
 def _write_config(model_dir: Path, config: dict[str, object]) -> None:
@@ -50,10 +47,12 @@ def test_params_from_mixed_dtype_headers(tmp_path: Path) -> None:
         str(tmp_path / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    assert read_weight_params(tmp_path) == 12 + 5 + 12
-    assert weight_bytes(tmp_path, "bfloat16") == 58
-    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
-        weight_bytes(tmp_path, "int8")
+    _write_config(tmp_path, QWEN3_06B)
+    ckpt = read_checkpoint(tmp_path)
+    assert ckpt.num_params == 12 + 5 + 12
+    assert ckpt.weight_bytes("bfloat16") == 58
+    with pytest.raises(ValueError, match="dtype 'int8' is not supported"):
+        ckpt.weight_bytes("int8")
 
 
 def test_sharded_float32_checkpoint(tmp_path: Path) -> None:
@@ -64,30 +63,31 @@ def test_sharded_float32_checkpoint(tmp_path: Path) -> None:
     for i, tensors in enumerate(shards, 1):
         save_file(tensors, str(tmp_path / f"model-0000{i}-of-00002.safetensors"))
     _write_config(tmp_path, {**QWEN3_06B, "num_key_value_heads": None})
-    assert read_weight_params(tmp_path) == 48
+    ckpt = read_checkpoint(tmp_path)
+    assert ckpt.num_params == 48
     nbytes = sum(a.nbytes for t in shards for a in t.values())
-    assert weight_bytes(tmp_path, "float32") == nbytes == 192
-    shape = ModelShape.from_dir(tmp_path)
-    assert (shape.num_params, shape.num_kv_heads, shape.head_dim) == (48, 16, 128)
+    assert ckpt.weight_bytes("float32") == nbytes == 192
+    assert len(ckpt.weight_files) == 2
+    assert (ckpt.config.num_kv_heads, ckpt.config.head_dim) == (16, 128)
     # v = 28 layers x 16 kv heads x 128 x 2 x 4 B; R = 8 tokens x 162_176 x 4 B
-    assert model_mem("m", tmp_path, "float32", "cpu", 8, 0) == ModelMem(
+    assert model_mem("m", ckpt, "float32", "cpu", 8) == ModelMem(
         "m", "cpu", 192, 458_752, 5_189_632
     )
 
 
 def test_not_a_checkpoint(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match=f"{tmp_path}: not a checkpoint, no config.json"):
-        ModelShape.from_dir(tmp_path)
+    with pytest.raises(CheckpointError, match=f"{tmp_path}: missing config.json"):
+        read_checkpoint(tmp_path)
     _write_config(tmp_path, QWEN3_06B)
-    with pytest.raises(CheckpointError, match=r"no \*\.safetensors file"):
-        ModelShape.from_dir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"no \*\.safetensors weight files"):
+        read_checkpoint(tmp_path)
 
 
 def test_config_missing_key(tmp_path: Path) -> None:
     save_file({"w": np.ones(2, np.float32)}, str(tmp_path / "model.safetensors"))
     _write_config(tmp_path, {k: v for k, v in QWEN3_06B.items() if k != "vocab_size"})
-    with pytest.raises(CheckpointError, match=r"config\.json: missing required key 'vocab_size'"):
-        ModelShape.from_dir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"config\.json: missing field 'vocab_size'"):
+        read_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +104,7 @@ def test_config_missing_key(tmp_path: Path) -> None:
 def test_bad_safetensors_header(tmp_path: Path, content: bytes, error: str) -> None:
     path = tmp_path / "model.safetensors"
     path.write_bytes(content)
+    _write_config(tmp_path, QWEN3_06B)
     with pytest.raises(CheckpointError, match=str(path)) as info:
-        read_weight_params(tmp_path)
+        read_checkpoint(tmp_path)
     assert error in str(info.value)

@@ -13,6 +13,7 @@ STATUS: dict[str, Any] = {
     "state": "serving", "reason": "", "pid": 42, "uptime_s": 3725.0, "restarts": 1,
     "model": "small+large", "active_requests": 3, "max_inflight": 256,
     "policy": {"name": "rstitch", "threshold": 0.5}, "handoffs_per_s": 12.34,
+    "mps": {"state": "running", "reason": "", "pid": 77, "pipe_dir": "/run/trd/mps/pipe"},
     "engines": [
         {"model": 0, "name": "small", "pid": 43, "device": "cpu", "dtype": "float32",
          "state": "ready", "kv_pages_used": 10, "kv_pages_free": 246, "running": 2,
@@ -33,12 +34,19 @@ def test_status_table_shows_engines_rates_and_plan() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("tokenrouterd pid 42: serving, model small+large, up 1h02m05s")
     assert "policy rstitch threshold=0.5; active requests 3/256; handoffs 12.3/s" in lines[1]
+    assert lines[2] == "MPS: running, control daemon pid 77, pipe /run/trd/mps/pipe"
     small = next(line for line in lines if line.startswith("0 "))
     assert small.split() == ["0", "small", "43", "cpu", "float32", "ready", "10", "246", "2",
                              "0", "1", "80.0", "12.3", "1.5", "[1]"]  # fmt: skip
     large = next(line for line in lines if line.startswith("1 "))
     assert large.split()[2] == "-" and "down" in large
     assert text.endswith("memory plan:\nmodel  device\nsmall  cpu")
+
+
+def test_mps_off_says_why() -> None:
+    off = {**STATUS, "mps": {"state": "off", "reason": "no GPU found by NVML", "pid": None,
+                             "pipe_dir": ""}}  # fmt: skip
+    assert format_status(off).splitlines()[2] == "MPS: off (no GPU found by NVML)"
 
 
 def test_thresholds_table() -> None:

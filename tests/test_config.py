@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,11 @@ import pytest
 import yaml
 
 from trd.config import Address, Config, ConfigError, from_dict, load_config
+from trd.config_reader import Section
 from trd.daemon import EXIT_CONFIG
 from trd.daemon import main as daemon_main
-from trd.launch import plan_launch, resolve_device
 from trd.memplan.plan import PlanError
+from trd.supervisor.deployment import plan_deployment, resolve_device
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "systemd" / "config.example.yaml"
 
@@ -37,7 +39,7 @@ def test_defaults_fill_a_minimal_config(raw: dict[str, Any]) -> None:
     assert cfg.admin.is_loopback
     assert [(m.name, m.dtype) for m in cfg.models] == [("small", "float32"), ("large", "bfloat16")]
     assert cfg.max_model_len == 4096  # the fixtures' max_position_embeddings
-    assert (cfg.policy, cfg.max_retries, cfg.grace_s) == ("rstitch", 3, 30.0)
+    assert (cfg.policy.name, cfg.max_retries, cfg.grace_s) == ("rstitch", 3, 30.0)
     assert cfg.threads() >= 1
 
 
@@ -51,7 +53,7 @@ def test_example_config_is_valid_with_real_model_paths(
     path.write_text(yaml.safe_dump(data))
     cfg = load_config(path)
     assert str(cfg.admin) == "unix:/run/tokenrouterd/admin.sock"
-    assert cfg.policy_params == {"threshold": 0.03}
+    assert cfg.policy.params == {"threshold": 0.03}
     assert cfg.thresholds == {"small": (1,), "large": (1, 2, 4)}
 
 
@@ -81,6 +83,9 @@ BAD = [  # (key to set, value, expected start of the message)
     ("admin", "unix:run/admin.sock", "admin: 'unix:run/admin.sock': the unix socket path"),
     ("device", "tpu", "device: 'tpu'"),
     ("mps", "maybe", "mps: 'maybe'"),
+    ("mps", True, "mps: True: expected auto, required or off"),  # YAML's `on`: ambiguous
+    ("admin_token", "short", "admin_token: '<hidden>': expected a printable string"),
+    ("stall_timeout_s", 0, "stall_timeout_s: 0: must be >= 1"),
     ("memory.fraction", 1.5, "memory.fraction: 1.5: must be <= 1"),
     ("memory.budget_gib", -1, "memory.budget_gib: -1"),
     ("memory.max_kv_tokens", 0, "memory.max_kv_tokens: 0"),
@@ -93,12 +98,21 @@ BAD = [  # (key to set, value, expected start of the message)
     ("models.1.path", "/nonexistent/model", "models[1].path: '/nonexistent/model': not a servable"),
     ("models.1.name", "small", "models[1].name: 'small': duplicate model name"),
     ("models.0.gpu", 1, "models[0].gpu: 1: unknown key"),
-    ("policy.name", "nope", "policy.name: 'nope': expected one of"),
+    ("policy.name", "nope", "policy.name: 'nope': unknown policy"),
+    ("policy.tau", 0.5, "policy.tau: 0.5: unknown parameter of rstitch"),
+    ("policy.threshold", 7, "policy.threshold: 7: expected a number in [0, 1]"),
     ("batching.thresholds", {"huge": [1]}, "batching.thresholds.huge: [1]: no such model"),
     ("batching.thresholds", {"large": [0, 2]}, "batching.thresholds.large: [0, 2]"),
+    (
+        "batching.thresholds",
+        {"large": [1, 10**6]},
+        "batching.thresholds.large: [1, 1000000]: expected 1 to 256 integers",
+    ),
     ("batching.max_wait_ms", -5, "batching.max_wait_ms: -5"),
     ("engine.page_size", 0, "engine.page_size: 0: must be >= 1"),
-    ("engine.threads", "many", "engine.threads: 'many'"),
+    ("engine.threads", "many", "engine.threads: 'many': expected an integer"),
+    ("engine.threads", 0, "engine.threads: 0: must be >= 1"),
+    ("engine.attention", "xformers", "engine.attention: 'xformers': expected one of"),
     ("engine.pag_size", 16, "engine.pag_size: 16: unknown key"),
     ("engine.pending_kv", "no", "engine.pending_kv: 'no': expected true or false"),
     ("engine.step_sync", 1, "engine.step_sync: 1: expected true or false"),
@@ -143,7 +157,7 @@ def test_unreadable_or_non_mapping_files(tmp_path: Path) -> None:
 def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, Path]) -> None:
     cfg = Config.demo(tiny_models, 9000)
     assert [m.name for m in cfg.models] == ["small", "large"]
-    assert (cfg.policy, cfg.device, str(cfg.listen), str(cfg.admin)) == (
+    assert (cfg.policy.name, cfg.device, str(cfg.listen), str(cfg.admin)) == (
         "rstitch", "cpu", "127.0.0.1:9000", "127.0.0.1:9001",
     )  # fmt: skip
 
@@ -151,11 +165,11 @@ def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, 
 def test_plan_caps_cpu_kv_and_sizes_every_engine(raw: dict[str, Any]) -> None:
     raw = {**raw, "max_model_len": 512, "memory": {"max_kv_tokens": 1000}}
     cfg = from_dict(raw, Path("/"))
-    launch = plan_launch(cfg)
+    launch = plan_deployment(cfg)
     assert launch.device == "cpu"
     # 1000 tokens rounded down to whole 16-token pages, the same for every model.
-    assert [s.kv_tokens for s in launch.specs] == [992, 992]
-    assert [s.model for s in launch.specs] == [0, 1]
+    assert [s.kv_pages * s.settings.page_size for s in launch.specs] == [992, 992]
+    assert [s.index for s in launch.specs] == [0, 1]
     assert launch.specs[1].thresholds == (1,)
 
 
@@ -166,14 +180,14 @@ def test_onednn_linears_need_cpu_float32_and_reach_the_specs(raw: dict[str, Any]
     raw["models"][1]["dtype"] = "float32"
     with pytest.raises(ConfigError, match=r"engine\.cpu_linear"):
         from_dict({**raw, "engine": engine, "device": "auto"}, Path("/"))
-    launch = plan_launch(from_dict({**raw, "engine": engine}, Path("/")))
-    assert [s.cpu_linear for s in launch.specs] == ["onednn", "onednn"]
+    launch = plan_deployment(from_dict({**raw, "engine": engine}, Path("/")))
+    assert [s.settings.cpu_linear for s in launch.specs] == ["onednn", "onednn"]
 
 
 def test_plan_refuses_a_budget_too_small_for_one_request(raw: dict[str, Any]) -> None:
     cfg = from_dict(_set(raw, "memory", {"budget_gib": 0.001}), Path("/"))
     with pytest.raises(PlanError, match="do not fit"):
-        plan_launch(cfg)
+        plan_deployment(cfg)
 
 
 def test_a_gpu_device_without_a_gpu_is_an_error() -> None:
@@ -195,3 +209,30 @@ def test_check_prints_the_plan_and_bad_configs_exit_2(
     bad.write_text(yaml.safe_dump({**raw, "engine": {"page_size": -4}}))
     assert daemon_main(["--check", "--config", str(bad)]) == EXIT_CONFIG
     assert "engine.page_size: -4: must be >= 1" in capsys.readouterr().err
+
+
+def test_every_key_the_config_reads_is_in_the_example(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example config documents every key: each one the reader asks for appears in it."""
+    asked: set[str] = set()
+    real_get = Section.get
+
+    def recording_get(self: Section, name: str, *default: Any) -> Any:
+        asked.add(name)
+        return real_get(self, name, *default)
+
+    monkeypatch.setattr(Section, "get", recording_get)
+    data = yaml.safe_load(EXAMPLE.read_text())
+    for m in data["models"]:
+        m["path"] = str(tiny_models[m["name"]])
+    from_dict(data, Path("/"))
+    text = EXAMPLE.read_text()
+    missing = sorted(k for k in asked if not re.search(rf"\b{k}\b\s*:", text))
+    assert len(asked) > 30 and not missing, f"keys the example does not show: {missing}"
+
+
+@pytest.mark.parametrize("text", ["mps: off", "mps: false", "mps: 'off'"])
+def test_yaml_booleans_read_as_off(raw: dict[str, Any], text: str) -> None:
+    cfg = from_dict({**raw, **yaml.safe_load(text)}, Path("/"))
+    assert cfg.mps == "off"

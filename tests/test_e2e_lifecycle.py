@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from trd.cli import request
 
-from daemon_fixture import Daemon, shm_segments, start_daemon, write_config
+from daemon_fixture import Daemon, launch_daemon, shm_segments, start_daemon, write_config
 
 STREAM: dict[str, Any] = {"temperature": 0, "stream": True, "extra_body": {"ignore_eos": True}}
 
@@ -71,6 +71,7 @@ def daemon(
     extra = {
         "restart": {"max_retries": 1, "backoff_s": 0.2},
         "shutdown": {"grace_s": 3},
+        "stall_timeout_s": 3,
         # Auto mode on, from thresholds no recommendation can keep (B = 3 at N = 1).
         "batching": {"thresholds": {"large": [3]}, "auto_interval_s": 1.0},
     }
@@ -114,6 +115,23 @@ def test_auto_mode_installs_the_recommended_thresholds(daemon: Daemon) -> None:
     assert "thresholds auto: {'small': (1,), 'large': (3,)} ->" in daemon.log()
     view = request(daemon.admin, "GET", "/thresholds")
     assert view["models"]["large"]["set"][0] == 1  # B must be 1 with one active request
+
+
+def test_a_hung_engine_fails_its_requests_after_the_stall_timeout(daemon: Daemon) -> None:
+    """An engine that stops reporting (SIGSTOP: alive, silent) never leaves a client hanging."""
+    large = daemon.status()["engines"][1]
+    started = threading.Barrier(2)
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(stream_text, daemon, 400, started)
+        started.wait(30)
+        os.kill(large["pid"], signal.SIGSTOP)
+        try:
+            with pytest.raises(openai.APIError, match="no progress from the engines for 3 s"):
+                running.result(timeout=30)
+        finally:
+            os.kill(large["pid"], signal.SIGCONT)
+    assert stream_text(daemon, 8)  # the engine is back; the daemon serves on
+    assert daemon.status()["restarts"] == 0
 
 
 def test_killed_engine_fails_its_requests_and_the_daemon_recovers(daemon: Daemon) -> None:
@@ -204,3 +222,41 @@ def test_engine_that_fails_to_start_is_named_with_its_last_log_lines(
     assert "last log lines of engine 'broken':" in error
     assert "ERROR engine[broken] failed to start" in error.split("last log lines")[1]
     assert shm_segments(proc.pid) == []
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_supervisor_killed_while_engines_start_leaves_no_process_or_segment(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    d = launch_daemon(write_config(tmp_path, tiny_models, ["small", "large"]))
+    deadline = time.monotonic() + 60
+    while len(kids := children(d.proc.pid)) < 3:  # two engines and the resource tracker
+        assert time.monotonic() < deadline and d.proc.poll() is None, d.log()
+        time.sleep(0.01)
+    assert "engines ready" not in d.log()  # still starting
+    d.proc.kill()
+    d.proc.wait(10)
+    deadline = time.monotonic() + 20
+    while any(alive(k) for k in kids) or shm_segments(d.proc.pid):
+        assert time.monotonic() < deadline, ([k for k in kids if alive(k)], d.log())
+        time.sleep(0.1)

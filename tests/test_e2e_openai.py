@@ -19,12 +19,14 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.reference import ReferenceRouter
 
 from daemon_fixture import SCHEDULE, Daemon, launch_daemon, wait_serving, write_config
 
 NAMES = ["small", "large"]
+TOKEN = "test-admin-token-0123456789"
 PROMPTS = ["def parse(", "The quick brown fox", "import os\n\n", "class Config:\n    "]
 CHAT = [{"role": "user", "content": "Write a function that adds two numbers."}]
 MAX_TOKENS = 24
@@ -36,7 +38,7 @@ def launched(
 ) -> Iterator[Daemon]:
     """The daemon process, still loading its engines (the oracle runs meanwhile)."""
     tmp = tmp_path_factory.mktemp("e2e_openai")
-    d = launch_daemon(write_config(tmp, tiny_models, NAMES, dtype="float64"))
+    d = launch_daemon(write_config(tmp, tiny_models, NAMES, dtype="float64", admin_token=TOKEN))
     yield d
     assert d.stop() == 0, d.log()
 
@@ -52,7 +54,8 @@ def oracle(launched: Daemon, tiny_models: dict[str, Path]) -> dict[str, tuple[st
 
     It depends on `launched` only to run while the daemon loads its engines."""
     tok = AutoTokenizer.from_pretrained(tiny_models["small"])
-    ref = ReferenceRouter([tiny_models[n] for n in NAMES], "scripted", {"schedule": SCHEDULE})
+    policy = PolicySpec("scripted", {"schedule": SCHEDULE})
+    ref = ReferenceRouter([tiny_models[n] for n in NAMES], policy)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     chat_text = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
     inputs = {p: tok.encode(p) for p in PROMPTS}
@@ -244,9 +247,7 @@ def test_bad_requests_get_openai_errors_while_a_good_stream_runs(
 
 
 def admin_status(d: Daemon) -> dict[str, Any]:
-    from trd.cli import request
-
-    return request(d.admin, "GET", "/status")
+    return d.status()
 
 
 def committed(status: dict[str, Any]) -> int:
@@ -276,12 +277,19 @@ def test_client_that_disconnects_mid_stream_frees_its_pages(daemon: Daemon) -> N
         raise AssertionError(f"pages not freed after the client left: {s['engines']}")
     # Aborted, not run to the end: the engines committed fewer than max_tokens for it.
     assert committed(s) - before < max_tokens
+    # An ordinary disconnect is one INFO line, not an ERROR with a traceback.
+    lines = [line for line in daemon.log().splitlines() if "status=499" in line]
+    assert lines and all(" INFO " in line for line in lines), lines
+    assert "Traceback" not in daemon.log() and " ERROR " not in daemon.log()
 
 
 def test_trctl_status_and_thresholds(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
     from trd.cli import main
 
-    assert main(["--admin", daemon.admin, "status", "--json"]) == 0
+    CTL = ["--admin", daemon.admin, "--token", TOKEN]
+    assert main(["--admin", daemon.admin, "status"]) == 1  # no token
+    assert "401" in capsys.readouterr().err
+    assert main(["--admin", daemon.admin, "--token", TOKEN, "status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert [(e["name"], e["dtype"], e["device"], e["state"]) for e in status["engines"]] == [
         ("small", "float64", "cpu", "ready"),
@@ -290,19 +298,16 @@ def test_trctl_status_and_thresholds(daemon: Daemon, capsys: pytest.CaptureFixtu
     assert status["engines"][1]["path"].endswith("large")
     assert status["policy"] == {"name": "scripted", "schedule": SCHEDULE}
     assert status["memory_plan"]["models"][0]["pages"] == status["engines"][0]["kv_pages_total"]
-    assert main(["--admin", daemon.admin, "status"]) == 0
+    assert main(["--config", str(daemon.config_path), "status"]) == 0  # address + token
     table = capsys.readouterr().out
     assert "small" in table and "large" in table and "memory plan:" in table
-    assert (
-        main(["--admin", daemon.admin, "thresholds", "--set", "large=1,2", "--max-wait-ms", "5"])
-        == 0
-    )
+    assert main([*CTL, "thresholds", "--set", "large=1,2", "--max-wait-ms", "5"]) == 0
     capsys.readouterr()
-    assert main(["--admin", daemon.admin, "thresholds", "--json"]) == 0
+    assert main([*CTL, "thresholds", "--json"]) == 0
     view = json.loads(capsys.readouterr().out)
     assert view["models"]["large"] == {"set": [1, 2], "engine": [1, 2]}
     assert view["max_wait_ms"] == 5
-    assert main(["--admin", daemon.admin, "thresholds", "--set", "huge=1"]) == 1
+    assert main([*CTL, "thresholds", "--set", "huge=1"]) == 1
     assert "no model 'huge'" in capsys.readouterr().err
 
 
@@ -315,17 +320,99 @@ def test_trctl_recommends_and_applies_thresholds_from_live_figures(
     for prompt in PROMPTS:  # traffic, so both engines have step latencies and routes
         client.completions.create(model=daemon.model, prompt=prompt, **GREEDY)
     time.sleep(1.2)  # one Stats interval, so the windows include that traffic
-    assert main(["--admin", daemon.admin, "thresholds", "--recommend", "--json"]) == 0
+    ctl = ["--admin", daemon.admin, "--token", TOKEN]
+    assert main([*ctl, "thresholds", "--recommend", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)
     assert [row["n"] for row in rec["levels"]] == [1, 2, 4, 8, 16]
     for row in rec["levels"]:
         assert row["recommended"][0] == 1  # the entry model never waits
         assert sum(b - 1 for b in row["recommended"]) < row["n"]
-    assert main(["--admin", daemon.admin, "thresholds", "--recommend", "--apply"]) == 0
+    assert main([*ctl, "thresholds", "--recommend", "--apply"]) == 0
     out = capsys.readouterr().out
     assert "recommended table:" in out and out.rstrip().endswith("applied.")
-    assert main(["--admin", daemon.admin, "thresholds", "--json"]) == 0
+    assert main([*ctl, "thresholds", "--json"]) == 0
     view = json.loads(capsys.readouterr().out)
     assert view["models"]["large"]["set"] == rec["models"]["large"]
     assert main(["--admin", daemon.admin, "thresholds", "--apply"]) == 1
     assert "--apply goes with --recommend" in capsys.readouterr().err
+
+
+def admin_call(d: Daemon, method: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
+    """A raw HTTP call to the admin unix socket: (status, JSON body)."""
+    import http.client
+
+    class Unix(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(d.admin.removeprefix("unix:"))
+
+    conn = Unix("localhost", timeout=30)
+    try:
+        conn.request(method, path, body, headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_admin_api_refuses_web_pages_wrong_types_missing_tokens_and_huge_thresholds(
+    daemon: Daemon,
+) -> None:
+    import os
+    import stat
+
+    mode = stat.S_IMODE(os.stat(daemon.admin.removeprefix("unix:")).st_mode)
+    assert mode == 0o600, oct(mode)  # only the daemon's user may steer it
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    body = json.dumps({"thresholds": {"large": [1, 2]}}).encode()
+    as_json = {"Content-Type": "application/json", **auth}
+    # A "simple" cross-origin POST a web page can send: text/plain, with an Origin.
+    for headers, status, code in [
+        ({"Content-Type": "text/plain", **auth}, 415, "unsupported_media_type"),
+        ({"Origin": "http://evil.example", **as_json}, 403, "forbidden"),
+        ({"Content-Type": "application/json"}, 401, "unauthorized"),
+        ({"Content-Type": "application/json", "Authorization": "Bearer wrong"}, 401, None),
+    ]:
+        got, answer = admin_call(daemon, "POST", "/thresholds", body, headers)
+        assert got == status and (code is None or answer["error"]["code"] == code), answer
+    assert admin_call(daemon, "GET", "/status", b"", {"Origin": "null", **auth})[0] == 403
+    huge = json.dumps({"thresholds": {"large": [1, 1_000_000]}}).encode()
+    got, answer = admin_call(daemon, "POST", "/thresholds", huge, as_json)
+    assert got == 400 and "max_inflight" in answer["error"]["message"], answer
+    assert admin_call(daemon, "GET", "/thresholds", b"", auth)[1]["models"]["large"]["set"] != [
+        1,
+        1_000_000,
+    ]
+
+
+EXTREME: list[dict[str, Any]] = [
+    {"temperature": 1e-45, "seed": 1},
+    {"temperature": 5e-324, "top_p": 1e-9},
+    {"temperature": 2.0, "seed": 2**63 - 1, "extra_body": {"top_k": 2**31 - 1}},
+    {"temperature": 1e-7, "top_p": 1.0, "extra_body": {"top_k": 1}},
+]
+
+
+def test_extreme_sampling_values_never_take_an_engine_down(
+    daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]]
+) -> None:
+    """Many extreme-but-valid requests beside good ones: nothing restarts, outputs exact."""
+    before = admin_status(daemon)
+    pids = [e["pid"] for e in before["engines"]]
+
+    def extreme(i: int) -> str:
+        kw = {"max_tokens": MAX_TOKENS, **EXTREME[i % len(EXTREME)]}
+        r = daemon.client().completions.create(model=daemon.model, prompt=PROMPTS[i % 4], **kw)
+        return r.choices[0].finish_reason
+
+    with ThreadPoolExecutor(6) as pool:
+        bad = [pool.submit(extreme, i) for i in range(20)]
+        good = [pool.submit(completion, daemon, p, i % 2 == 0) for i, p in enumerate(PROMPTS)]
+        assert all(f.result(timeout=300) in ("length", "stop") for f in bad)
+        for prompt, fut in zip(PROMPTS, good, strict=True):
+            text, info = fut.result(timeout=300)
+            assert (text, info["tokens_per_model"]) == oracle[prompt]
+    after = admin_status(daemon)
+    assert after["restarts"] == before["restarts"]
+    assert [e["pid"] for e in after["engines"]] == pids
+    assert "Traceback" not in daemon.log()

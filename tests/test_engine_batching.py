@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trd.engines.engine import Engine
+from trd.engines.spec import EngineSpec
 from trd.protocol import FinishReason, SamplingParams
 
 MAX_NEW = 24
@@ -63,11 +64,13 @@ def test_greedy_outputs_equal_transformers_generate(
     max_batch_tokens: int,
 ) -> None:
     engine = Engine(
-        tiny_models["mid"],
-        dtype="float64",
-        page_size=8,
-        kv_tokens=kv_tokens,
-        max_batch_tokens=max_batch_tokens,
+        EngineSpec.of(
+            tiny_models["mid"],
+            dtype="float64",
+            page_size=8,
+            kv_tokens=kv_tokens,
+            max_batch_tokens=max_batch_tokens,
+        )
     )
     outs = run_staggered(engine)
     assert [outs[rid] for rid in sorted(outs)] == reference
@@ -76,7 +79,7 @@ def test_greedy_outputs_equal_transformers_generate(
 
 
 def test_abort_frees_pages_and_leaves_others_untouched(tiny_models: dict[str, Path]) -> None:
-    engine = Engine(tiny_models["small"], page_size=4, kv_tokens=256)
+    engine = Engine(EngineSpec.of(tiny_models["small"], page_size=4, kv_tokens=256))
     keep = engine.add_request([60, 61, 62], SamplingParams(max_tokens=8, ignore_eos=True))
     drop = engine.add_request([70, 71, 72, 73, 74], SamplingParams(max_tokens=8))
     engine.step()
@@ -85,7 +88,7 @@ def test_abort_frees_pages_and_leaves_others_untouched(tiny_models: dict[str, Pa
     tokens = []
     while engine.has_unfinished():
         tokens += [o.token for o in engine.step() if o.rid == keep]
-    alone = Engine(tiny_models["small"], page_size=4, kv_tokens=256)
+    alone = Engine(EngineSpec.of(tiny_models["small"], page_size=4, kv_tokens=256))
     expected = alone.generate([[60, 61, 62]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert tokens == expected[1:]
     assert engine.scheduler.allocator.num_free == engine.scheduler.allocator.num_pages

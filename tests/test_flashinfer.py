@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trd.engines.engine import Engine
+from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def logits_per_step(path: Path, attention: str) -> list[torch.Tensor]:
-    engine = Engine(path, dtype="bfloat16", device="cuda", attention=attention, kv_tokens=4096)
+    spec = EngineSpec.of(path, dtype="bfloat16", device="cuda", attention=attention, kv_tokens=4096)
+    engine = Engine(spec)
     prompts = [[5 + i for i in range(n)] for n in (3, 17, 40)]
     for p in prompts:
         engine.add_request(p, SamplingParams(max_tokens=16, ignore_eos=True))

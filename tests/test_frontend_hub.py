@@ -1,78 +1,102 @@
-"""The hub between handlers and engines: admission, token delivery, aborts, draining."""
+"""The supervisor's request state and admission: ordering, exactly-once, aborts, draining.
+
+`Generation` is tested directly with Emits as engines send them; the `Hub` against a
+stand-in group that records what it is asked (the process-level group is exercised by
+the routing and e2e tests).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
-from trd.engines.tracker import Tracked
-from trd.frontend.hub import Hub
-from trd.frontend.openai_api import ApiError
-from trd.protocol import FinishReason, SamplingParams
+from trd.protocol import Emit, FinishReason, SamplingParams
+from trd.supervisor.generation import Generation
+from trd.supervisor.hub import Hub, Unavailable
 
 
-class FakeGroup:
-    """Records what the hub asks of the engine group."""
+def emit(
+    pos: int, pairs: Sequence[tuple[int, int]], finish: FinishReason = FinishReason.NONE
+) -> Emit:
+    tokens = np.asarray([t for t, _ in pairs], np.int32)
+    return Emit(1, pos, tokens, np.asarray([m for _, m in pairs], np.uint8), finish)
+
+
+def test_out_of_order_emits_are_placed_by_position() -> None:
+    gen = Generation(1, prompt_len=3)
+    gen.on_emit(emit(2, [(9, 1)], FinishReason.LENGTH))
+    assert (gen.tokens, gen.complete) == ([], False)  # positions 0 and 1 are missing
+    gen.on_emit(emit(0, [(7, 0)]))
+    assert gen.tokens == [7]
+    gen.on_emit(emit(1, [(8, 0)]))
+    assert (gen.tokens, gen.models, gen.complete) == ([7, 8, 9], [0, 0, 1], True)
+    assert gen.changed.is_set()
+
+
+def test_a_duplicate_emit_is_counted_and_ignored() -> None:
+    gen = Generation(1, prompt_len=3)
+    gen.on_emit(emit(0, [(7, 0), (8, 1)]))
+    gen.on_emit(emit(1, [(8, 1)]))  # again, same token, same model
+    gen.on_emit(emit(2, [(9, 1)], FinishReason.STOP))
+    gen.on_emit(emit(2, [(9, 1)], FinishReason.STOP))
+    assert (gen.tokens, gen.duplicates, gen.finish) == ([7, 8, 9], 2, FinishReason.STOP)
+
+
+@pytest.mark.parametrize("pos", [0, 3])  # a released position, and one still ahead of a gap
+def test_a_conflicting_emit_fails_the_request(pos: int) -> None:
+    gen = Generation(1, prompt_len=3)
+    gen.on_emit(emit(0, [(7, 0)]))
+    gen.on_emit(emit(3, [(5, 0)]))
+    gen.on_emit(emit(pos, [(6, 1)]))
+    assert gen.finish is FinishReason.ERROR and gen.complete
+    assert f"conflicting tokens for output position {pos}" in gen.error
+
+
+def test_an_error_emit_fails_it_with_the_engines_message() -> None:
+    gen = Generation(1, prompt_len=3)
+    gen.on_emit(emit(0, [(7, 0)]))
+    gen.on_emit(
+        Emit(1, 0, np.zeros(0, np.int32), np.zeros(0, np.uint8), FinishReason.ERROR, "boom")
+    )
+    assert (gen.finish, gen.error, gen.error_status) == (FinishReason.ERROR, "boom", 500)
+
+
+class Recorder:
+    """Stands in for the engine group: records what the hub asks of it."""
 
     def __init__(self) -> None:
-        self.listener: Any = None
         self.next_rid = 0
         self.aborted: list[int] = []
-        self.forgotten: list[int] = []
         self.active: list[int] = []
 
-    def submit(self, prompt: list[int], params: SamplingParams) -> int:
+    def submit(self, prompt: list[int], params: SamplingParams) -> Generation:
         self.next_rid += 1
-        return self.next_rid
+        return Generation(self.next_rid, len(prompt))
 
     def abort(self, rid: int) -> None:
         self.aborted.append(rid)
 
-    def forget(self, rid: int) -> None:
-        self.forgotten.append(rid)
-
     def set_active(self, n: int) -> None:
         self.active.append(n)
 
-    def emit(self, rid: int, pairs: list[tuple[int, int]], finish: FinishReason) -> None:
-        tracked = Tracked(rid)
-        tracked.finish = finish
-        self.listener(tracked, pairs)
 
-
-def make_hub(max_inflight: int = 4) -> tuple[Hub, FakeGroup]:
-    hub, group = Hub(max_inflight), FakeGroup()
+def make_hub(max_inflight: int = 4) -> tuple[Hub, Recorder]:
+    hub, group = Hub(max_inflight), Recorder()
     hub.attach(group)  # type: ignore[arg-type]
     return hub, group
 
 
-async def collect(gen: Any) -> list[list[int]]:
-    return [ids async for ids in gen.chunks()]
-
-
-def test_tokens_reach_the_generation_and_a_finished_request_is_forgotten() -> None:
-    async def run() -> None:
-        hub, group = make_hub()
-        gen = hub.submit([1, 2], SamplingParams())
-        group.emit(gen.rid, [(7, 0), (8, 1)], FinishReason.NONE)
-        group.emit(gen.rid, [(9, 1)], FinishReason.LENGTH)
-        assert await collect(gen) == [[7, 8], [9]]
-        assert (gen.models, gen.finish) == ([0, 1, 1], FinishReason.LENGTH)
-        hub.release(gen)
-        assert (group.forgotten, group.aborted, group.active) == ([1], [], [0, 1, 0])
-
-    asyncio.run(run())
-
-
-def test_releasing_a_running_request_aborts_it_on_the_engines() -> None:
+def test_release_frees_the_request_on_the_engines_once() -> None:
     async def run() -> None:
         hub, group = make_hub()
         gen = hub.submit([1], SamplingParams())
-        hub.release(gen)  # client left, or a stop string matched
+        assert not hub.idle.is_set()
+        hub.release(gen)  # finished, client left, or a stop string matched
         hub.release(gen)  # idempotent
-        assert group.aborted == [gen.rid]
+        assert (group.aborted, group.active) == ([gen.rid], [0, 1, 0])
         assert hub.idle.is_set()
 
     asyncio.run(run())
@@ -83,11 +107,11 @@ def test_admission_refuses_when_not_serving_or_overloaded() -> None:
         hub, _ = make_hub(max_inflight=2)
         hub.submit([1], SamplingParams())
         hub.submit([1], SamplingParams())
-        with pytest.raises(ApiError, match="overloaded") as err:
+        with pytest.raises(Unavailable, match="overloaded") as err:
             hub.submit([1], SamplingParams())
-        assert err.value.status == 503
+        assert err.value.code == "overloaded"
         hub.detach("draining", "server shutting down")
-        with pytest.raises(ApiError, match="server shutting down"):
+        with pytest.raises(Unavailable, match="server shutting down"):
             hub.submit([1], SamplingParams())
 
     asyncio.run(run())
@@ -99,8 +123,8 @@ def test_detach_fails_running_requests_with_503_and_drain_waits_for_them() -> No
         gen = hub.submit([1], SamplingParams())
         assert not await hub.drain(0.05)
         hub.detach("restarting", "engine 'large' died")
-        assert await collect(gen) == []
-        assert (gen.finish, gen.error_status) == (FinishReason.ERROR, 503)
+        await asyncio.wait_for(gen.changed.wait(), 1)
+        assert (gen.finish, gen.error_status, gen.tokens) == (FinishReason.ERROR, 503, [])
         hub.release(gen)
         assert await hub.drain(0.05)
 

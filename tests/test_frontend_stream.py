@@ -17,7 +17,26 @@ def tok(tiny_models: dict[str, Path]) -> Tokenizer:
     return Tokenizer.from_file(str(tiny_models["small"] / "tokenizer.json"))
 
 
-def feed(stream: TextStream, ids: list[int]) -> list[str]:
+class Fed:
+    """A stream over its own id list, fed like a request's output grows."""
+
+    def __init__(self, tok: Tokenizer, stops: list[str] | None = None) -> None:
+        self.ids: list[int] = []
+        self.stream = TextStream(tok, self.ids, stops or [])
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        return self.stream.update()
+
+    def finish(self) -> str:
+        return self.stream.finish()
+
+    @property
+    def stopped(self) -> bool:
+        return self.stream.stopped
+
+
+def feed(stream: Fed, ids: list[int]) -> list[str]:
     return [stream.push([i]) for i in ids] + [stream.finish()]
 
 
@@ -27,27 +46,27 @@ def test_multibyte_characters_split_across_tokens_never_leak_replacement_chars(
     ids = tok.encode(TEXT).ids
     # The fixture splits these characters into byte tokens that decode to U+FFFD alone.
     assert any("\ufffd" in tok.decode([i]) for i in ids)
-    deltas = feed(TextStream(tok), ids)
+    deltas = feed(Fed(tok), ids)
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == TEXT
 
 
 def test_chunks_of_several_tokens_give_the_same_text(tok: Tokenizer) -> None:
     ids = tok.encode(TEXT).ids
-    stream = TextStream(tok)
+    stream = Fed(tok)
     out = [stream.push(ids[i : i + 3]) for i in range(0, len(ids), 3)]
     assert "".join([*out, stream.finish()]) == TEXT
 
 
 def test_special_tokens_are_not_shown(tok: Tokenizer) -> None:
     ids = [*tok.encode("abc").ids, 0, *tok.encode(" def").ids]  # 0 = <|endoftext|>
-    assert "".join(feed(TextStream(tok), ids)) == "abc def"
+    assert "".join(feed(Fed(tok), ids)) == "abc def"
 
 
 def test_stop_string_across_token_boundaries_is_cut_and_never_leaked(tok: Tokenizer) -> None:
     text = "alpha beta\nSTOPHERE gamma delta"
     ids = tok.encode(text).ids
-    stream = TextStream(tok, ["HERE g"])
+    stream = Fed(tok, ["HERE g"])
     sent = ""
     for i in ids:
         sent += stream.push([i])
@@ -61,13 +80,13 @@ def test_stop_string_across_token_boundaries_is_cut_and_never_leaked(tok: Tokeni
 
 
 def test_earliest_stop_string_wins(tok: Tokenizer) -> None:
-    stream = TextStream(tok, ["gamma", "beta"])
+    stream = Fed(tok, ["gamma", "beta"])
     out = "".join(feed(stream, tok.encode("alpha beta gamma").ids))
     assert out == "alpha " and stream.stopped
 
 
 def test_held_back_prefix_is_released_when_no_stop_follows(tok: Tokenizer) -> None:
-    stream = TextStream(tok, ["xyz!"])
+    stream = Fed(tok, ["xyz!"])
     ids = tok.encode("abc xy").ids
     released = "".join(stream.push([i]) for i in ids)
     assert released == "abc "  # "xy" could still become "xyz!"

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from trd.engines.worker import spin
+from trd.engines.loop import spin
 from trd.ipc.eventfd import EventFd
 from trd.ipc.mesh import Endpoint, Mesh
 from trd.ipc.names import FRONTEND, SHM_DIR, instance_prefix

@@ -3,53 +3,54 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from trd.devices import GpuInfo
 from trd.memplan import plan as plan_mod
-from trd.memplan.checkpoint import ModelShape
 from trd.memplan.plan import (
     GIB,
     ModelMem,
     PlanError,
     device_budget,
-    kv_bytes_per_token,
     plan_memory,
     reserve_bytes,
 )
+from trd.models.checkpoint import ModelConfig
 
 MIB = 1 << 20
 
 # --- (a) fixture-like small models -------------------------------------------
 
-TINY = ModelShape.from_config(
-    {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-     "hidden_size": 64, "intermediate_size": 128, "vocab_size": 256},
-    num_params=0, source="tiny",
+TINY = ModelConfig.from_dict(
+    {"model_type": "qwen3", "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "hidden_size": 64, "intermediate_size": 128, "vocab_size": 256},
+    source="tiny",
 )  # fmt: skip
-SMALL = ModelShape.from_config(
-    {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-     "head_dim": 32, "hidden_size": 128, "intermediate_size": 256, "vocab_size": 256},
-    num_params=0, source="small",
+SMALL = ModelConfig.from_dict(
+    {"model_type": "qwen3", "num_hidden_layers": 4, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 32, "hidden_size": 128, "intermediate_size": 256,
+     "vocab_size": 256},
+    source="small",
 )  # fmt: skip
 
 
 def test_kv_bytes_and_reserve_by_hand() -> None:
     # 2 layers x 2 kv heads x 16 head dim x (K and V) x 4 bytes
-    assert kv_bytes_per_token(TINY, "float32") == 512
+    assert TINY.kv_bytes_per_token("float32") == 512
     # 4 x 2 x 32 x 2 x 2 bytes
-    assert kv_bytes_per_token(SMALL, "bfloat16") == 1024
+    assert SMALL.kv_bytes_per_token("bfloat16") == 1024
     # CPU: 16 tokens x (4*64 + 2*128 + 256) x 4 bytes
-    assert reserve_bytes(TINY, "cpu", 16, captured_graph_sizes=0) == 49152
-    # CUDA adds flashinfer 256 MiB + graphs 64 MiB + 4 x 1 MiB
-    assert reserve_bytes(TINY, "cuda:0", 16, captured_graph_sizes=4) == 49152 + 324 * MIB
+    assert reserve_bytes(TINY, "cpu", 16) == 49152
+    # CUDA adds flashinfer's 256 MiB workspace
+    assert reserve_bytes(TINY, "cuda:0", 16) == 49152 + 256 * MIB
 
 
 def _two_small_models() -> list[ModelMem]:
     return [
-        ModelMem("tiny", "cpu", 1_000_000, 512, reserve_bytes(TINY, "cpu", 16, 0)),
-        ModelMem("small", "cpu", 3_000_000, 2048, reserve_bytes(SMALL, "cpu", 16, 0)),
+        ModelMem("tiny", "cpu", 1_000_000, 512, reserve_bytes(TINY, "cpu", 16)),
+        ModelMem("small", "cpu", 3_000_000, 2048, reserve_bytes(SMALL, "cpu", 16)),
     ]
 
 
@@ -112,18 +113,20 @@ def test_plan_rejects_missing_budget_and_duplicate_names() -> None:
 # --- (b) Qwen3-0.6B + Qwen3-32B on an 80 GiB GPU ------------------------------
 
 QWEN3_06B = {
-    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "hidden_size": 1024, "intermediate_size": 3072, "vocab_size": 151936,
+    "model_type": "qwen3", "num_hidden_layers": 28, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 1024, "intermediate_size": 3072,
+    "vocab_size": 151936,
     "tie_word_embeddings": True, "max_position_embeddings": 40960,
 }  # fmt: skip
 QWEN3_32B = {
-    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
-    "head_dim": 128, "hidden_size": 5120, "intermediate_size": 25600, "vocab_size": 151936,
+    "model_type": "qwen3", "num_hidden_layers": 64, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 5120, "intermediate_size": 25600,
+    "vocab_size": 151936,
     "tie_word_embeddings": False, "max_position_embeddings": 40960,
 }  # fmt: skip
 
 
-def qwen3_params(c: dict[str, int]) -> int:
+def qwen3_params(c: dict[str, Any]) -> int:
     """Parameters of a Qwen3 dense model, from its config."""
     h, hd, inter = c["hidden_size"], c["head_dim"], c["intermediate_size"]
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
@@ -137,14 +140,14 @@ def qwen3_params(c: dict[str, int]) -> int:
 def _qwen_models() -> list[ModelMem]:
     models = []
     for name, config in (("qwen3-0.6b", QWEN3_06B), ("qwen3-32b", QWEN3_32B)):
-        shape = ModelShape.from_config(config, qwen3_params(config), name)
+        shape = ModelConfig.from_dict(config, name)
         models.append(
             ModelMem(
                 name,
                 "cuda:0",
-                shape.num_params * 2,
-                kv_bytes_per_token(shape, "bfloat16"),
-                reserve_bytes(shape, "cuda:0", max_batch_tokens=2048, captured_graph_sizes=16),
+                qwen3_params(config) * 2,
+                shape.kv_bytes_per_token("bfloat16"),
+                reserve_bytes(shape, "cuda:0", max_batch_tokens=2048),
             )
         )
     return models
@@ -161,32 +164,32 @@ def test_qwen3_pair_fits_80_gib_at_bf16() -> None:
     small, large = _qwen_models()
     assert (small.weight_bytes, small.kv_bytes_per_token) == (1_192_099_840, 114_688)
     assert (large.weight_bytes, large.kv_bytes_per_token) == (65_524_246_528, 262_144)
-    # R = 2048 tokens x (4h + 2I + vocab) x 4 B + (256 + 64 + 16) MiB
-    assert small.reserve_bytes == 2048 * 162_176 * 4 + 336 * MIB == 1_680_867_328
-    assert large.reserve_bytes == 2048 * 223_616 * 4 + 336 * MIB == 2_184_183_808
-    # fixed = W + R of both = 70_581_397_504; room = 80 GiB - fixed = 15_317_948_416
-    # K = 15_317_948_416 // (114_688 + 262_144) = 40_649 -> pages of 16: 40_640 (2540 pages)
+    # R = 2048 tokens x (4h + 2I + vocab) x 4 B + flashinfer's 256 MiB
+    assert small.reserve_bytes == 2048 * 162_176 * 4 + 256 * MIB == 1_596_981_248
+    assert large.reserve_bytes == 2048 * 223_616 * 4 + 256 * MIB == 2_100_297_728
+    # fixed = W + R of both = 70_413_625_344; room = 80 GiB - fixed = 15_485_720_576
+    # K = 15_485_720_576 // (114_688 + 262_144) = 41_094 -> pages of 16: 41_088 (2568 pages)
     plan = plan_memory([small, large], {"cuda:0": 80 * GIB}, page_size=16, min_tokens=32768)
-    assert [(m.kv_tokens, m.pages) for m in plan.models] == [(40_640, 2540), (40_640, 2540)]
-    assert plan.devices[0].used_bytes == 70_581_397_504 + 40_640 * 376_832
+    assert [(m.kv_tokens, m.pages) for m in plan.models] == [(41_088, 2568), (41_088, 2568)]
+    assert plan.devices[0].used_bytes == 70_413_625_344 + 41_088 * 376_832
     assert plan.to_table().splitlines()[1:3] == [
-        "qwen3-0.6b  cuda:0         1.11      114688         1.57      40640   2540    4.34",
-        "qwen3-32b   cuda:0        61.02      262144         2.03      40640   2540    9.92",
+        "qwen3-0.6b  cuda:0         1.11      114688         1.49      41088   2568    4.39",
+        "qwen3-32b   cuda:0        61.02      262144         1.96      41088   2568   10.03",
     ]
 
 
 def test_qwen3_pair_at_full_context_is_refused_with_numbers() -> None:
     # One 40_960-token request per model needs (0.6B) 1_192_099_840 + 40_960*114_688
-    # + 1_680_867_328 = 7.05 GiB and (32B) 65_524_246_528 + 40_960*262_144
-    # + 2_184_183_808 = 73.06 GiB: 80.11 GiB in all, more than the 80.00 budget.
+    # + 1_596_981_248 = 6.97 GiB and (32B) 65_524_246_528 + 40_960*262_144
+    # + 2_100_297_728 = 72.98 GiB: 79.95 GiB in all, more than a 79.00 budget.
     with pytest.raises(PlanError) as info:
-        plan_memory(_qwen_models(), {"cuda:0": 80 * GIB}, page_size=16, min_tokens=40960)
+        plan_memory(_qwen_models(), {"cuda:0": 79 * GIB}, page_size=16, min_tokens=40960)
     message = str(info.value)
     for needle in (
-        "qwen3-0.6b  cuda:0         1.11      114688         1.57       80.00        7.05",
-        "qwen3-32b   cuda:0        61.02      262144         2.03       80.00       73.06",
-        "cuda:0: needs at least 80.11 GiB for 40960 KV tokens per model, budget is 80.00 GiB",
-        "(room for 40640 KV tokens)",
+        "qwen3-0.6b  cuda:0         1.11      114688         1.49       79.00        6.97",
+        "qwen3-32b   cuda:0        61.02      262144         1.96       79.00       72.98",
+        "cuda:0: needs at least 79.95 GiB for 40960 KV tokens per model, budget is 79.00 GiB",
+        "(room for 38240 KV tokens)",
         "lower max_model_len",
         "memory.budget_gib",
     ):

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trd.engines.engine import Engine
+from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
 from trd.tinymodels.build import save_random_checkpoint
 
@@ -28,7 +29,14 @@ def engine_logits(
 ) -> dict[int, torch.Tensor]:
     """Prefill + DECODE_STEPS greedy decodes, all prompts batched; logits rows per request."""
     engine = Engine(
-        path, dtype=dtype, page_size=4, kv_tokens=1024, max_batch_tokens=32, cpu_linear=cpu_linear
+        EngineSpec.of(
+            path,
+            dtype=dtype,
+            page_size=4,
+            kv_tokens=1024,
+            max_batch_tokens=32,
+            cpu_linear=cpu_linear,
+        )
     )
     params = SamplingParams(max_tokens=DECODE_STEPS + 1, ignore_eos=True)
     rids = [engine.add_request(p, params) for p in prompts]
@@ -71,6 +79,6 @@ def test_prefill_and_decode_logits_match_transformers(
 
 def test_onednn_linear_is_refused_outside_float32_on_cpu(checkpoint: Path) -> None:
     with pytest.raises(ValueError, match="needs device cpu and dtype float32"):
-        Engine(checkpoint, dtype="float64", kv_tokens=64, cpu_linear="onednn")
-    with pytest.raises(ValueError, match="is not one of"):
-        Engine(checkpoint, kv_tokens=64, cpu_linear="mkl")
+        EngineSpec.of(checkpoint, dtype="float64", kv_tokens=64, cpu_linear="onednn")
+    with pytest.raises(ValueError, match=r"engine.cpu_linear: 'mkl': expected one of"):
+        EngineSpec.of(checkpoint, kv_tokens=64, cpu_linear="mkl")

@@ -151,26 +151,26 @@ def test_bad_settings_are_rejected(tmp_path: Path) -> None:
 
 
 def test_resolve_off_never_uses_mps() -> None:
-    assert resolve_mps("off", [GPU], "/usr/bin/nvidia-cuda-mps-control") is False
+    assert resolve_mps("off", [GPU], "/usr/bin/nvidia-cuda-mps-control") == (False, "mps: off")
 
 
 def test_resolve_auto(caplog: pytest.LogCaptureFixture) -> None:
     binary = "/usr/bin/nvidia-cuda-mps-control"
-    assert resolve_mps("auto", [GPU], binary) is True
+    assert resolve_mps("auto", [GPU], binary) == (True, "")
     with caplog.at_level(logging.INFO, logger="trd.mps.resolve"):
-        assert resolve_mps("auto", [], binary) is False
+        assert resolve_mps("auto", [], binary) == (False, "no GPU found by NVML")
     assert [r.getMessage() for r in caplog.records] == [
         "MPS not used (mps: auto): no GPU found by NVML"
     ]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="trd.mps.resolve"):
-        assert resolve_mps("auto", [GPU], None) is False
+        assert resolve_mps("auto", [GPU], None)[0] is False
     (record,) = caplog.records
     assert "nvidia-cuda-mps-control is not on PATH" in record.getMessage()
 
 
 def test_resolve_required() -> None:
-    assert resolve_mps("required", [GPU], "/usr/bin/nvidia-cuda-mps-control") is True
+    assert resolve_mps("required", [GPU], "/usr/bin/nvidia-cuda-mps-control") == (True, "")
     with pytest.raises(MpsError) as info:
         resolve_mps("required", [], None)
     assert str(info.value) == (

@@ -9,6 +9,7 @@ import pytest
 from trd.engines.pages import OutOfPages, PageAllocator
 from trd.engines.request import Request, State
 from trd.engines.scheduler import RequestTooLarge, Scheduler
+from trd.engines.spec import EngineSettings
 from trd.protocol import SamplingParams
 
 
@@ -56,7 +57,7 @@ def test_randomized_workload_keeps_every_page_owned_once(seed: int) -> None:
     """add / step / abort / finish / park at random; invariants hold after every action."""
     rng = random.Random(seed)
     alloc = PageAllocator(num_pages=24, page_size=4)
-    sched = Scheduler(alloc, max_batch_tokens=24, max_batch_size=6, max_model_len=64)
+    sched = Scheduler(alloc, EngineSettings(max_batch_tokens=24, max_batch_size=6), 64)
     next_rid = 0
     for tick in range(600):
         action = rng.random()

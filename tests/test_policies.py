@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from trd.engines.request import Request
-from trd.policies import PolicyContext, StepView, make_policy
+from trd.policies.base import PolicyContext, RoutingPolicy, StepView
+from trd.policies.factory import make_policy
 from trd.policies.heads import save_random_head
+from trd.policies.params import PolicyError, PolicySpec, parse_policy
 from trd.protocol import SamplingParams
 
 HIDDEN = 8
@@ -23,36 +25,53 @@ def req(num_output: int = 0) -> Request:
     return Request(1, [3, 4] + [5] * num_output, 2, SamplingParams(), 0.0)
 
 
+def make(name: str, context: PolicyContext, params: dict) -> RoutingPolicy:
+    return make_policy(PolicySpec(name, params), context)
+
+
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [
-        ("nope", {}, "unknown policy 'nope'"),
-        ("rstitch", {"threshold": 1.5}, r"threshold must be a number in \[0.0, 1.0\]"),
-        ("rstitch", {"tau": 0.5}, r"unknown parameters \['tau'\]"),
-        ("scripted", {"schedule": [0, 2]}, r"schedule must list model indices in \[0, 2\)"),
-        ("ensemble", {"weights": [1.0]}, "weights must be 2 non-negative numbers"),
-        ("citer", {"head": "/nonexistent.safetensors"}, "cannot read safetensors"),
+        ("nope", {}, "policy.name: 'nope': unknown policy"),
+        ("rstitch", {"threshold": 1.5}, r"policy.threshold: 1.5: expected a number in \[0, 1\]"),
+        ("rstitch", {"threshold": True}, r"policy.threshold: True: expected a number"),
+        ("rstitch", {"tau": 0.5}, "policy.tau: 0.5: unknown parameter of rstitch"),
+        ("scripted", {"schedule": [0, 2]}, "policy.schedule: .*model indices < 2"),
+        ("scripted", {"schedule": []}, "policy.schedule: .*non-empty"),
+        ("ensemble", {"weights": [1.0]}, "policy.weights: .*expected 2 non-negative numbers"),
+        ("ensemble", {"weights": [0, 0]}, "policy.weights: .*sum > 0"),
+        ("ensemble", {"weights": [1, 1], "seed": -1}, "policy.seed: -1"),
+        ("citer", {"head": "/nonexistent.safetensors"}, "policy.head: .*router head file"),
     ],
 )
-def test_bad_policy_settings_are_named(name: str, params: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        make_policy(name, ctx(0), params)
+def test_bad_policy_settings_are_named_without_torch_work(
+    name: str, params: dict, message: str
+) -> None:
+    """`--check` validates these before any engine starts (trd/policies/params.py)."""
+    with pytest.raises(PolicyError, match=message):
+        parse_policy(name, params, num_models=2)
+
+
+def test_gated_policies_need_two_models(tmp_path: Path) -> None:
+    path = save_random_head(tmp_path / "h.safetensors", "citer", HIDDEN, 4, seed=0)
+    with pytest.raises(PolicyError, match="needs at least two models"):
+        parse_policy("citer", {"head": str(path)}, num_models=1)
 
 
 def test_router_head_of_the_wrong_size_is_rejected(tmp_path: Path) -> None:
     path = save_random_head(tmp_path / "h.safetensors", "citer", HIDDEN + 2, 4, seed=0)
     with pytest.raises(ValueError, match=r"takes 10 inputs, this model gives 8"):
-        make_policy("citer", ctx(0), {"head": str(path)})
+        make("citer", ctx(0), {"head": str(path)})
     ok = save_random_head(tmp_path / "r2r.safetensors", "r2r", 2 * HIDDEN + 3, 4, seed=0, top_k=3)
-    make_policy("r2r", ctx(0), {"head": str(ok)})
+    make("r2r", ctx(0), {"head": str(ok)})
 
 
 def test_rstitch_escalates_uncertain_positions_and_returns_when_sure() -> None:
     sure = torch.tensor([[10.0, 0.0, 0.0, 0.0]])
     unsure = torch.zeros(1, 4)  # uniform: normalised entropy 1
     small, large = (
-        make_policy("rstitch", ctx(0), {"threshold": 0.5}),
-        make_policy("rstitch", ctx(1), {"threshold": 0.5}),
+        make("rstitch", ctx(0), {"threshold": 0.5}),
+        make("rstitch", ctx(1), {"threshold": 0.5}),
     )
 
     def view(logits: torch.Tensor) -> StepView:
@@ -69,7 +88,7 @@ def test_rstitch_escalates_uncertain_positions_and_returns_when_sure() -> None:
 
 
 def test_scripted_hands_the_first_and_later_positions_to_their_owner() -> None:
-    small, large = (make_policy("scripted", ctx(m), {"schedule": [1, 0, 0]}) for m in (0, 1))
+    small, large = (make("scripted", ctx(m), {"schedule": [1, 0, 0]}) for m in (0, 1))
     view = StepView(torch.zeros(1, 4), torch.zeros(1, HIDDEN), [7])
     (r,) = small.route([req(0)], view)
     assert (r.dst, r.commit) == (1, False)  # position 0 is the large model's

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from trd.protocol import (
     MAX_EXTRA,
     MAX_MODELS,
+    VERSION,
     Abort,
     Control,
     Done,
@@ -40,6 +41,7 @@ PARAMS = SamplingParams(
     seed=2**63 - 1,
     stop_token_ids=(0, 151645, 2**31 - 1),
     ignore_eos=True,
+    min_tokens=7,
 )
 
 
@@ -70,11 +72,11 @@ def assert_same(a: Message, b: Message) -> None:
 LONG = np.arange(70_000, dtype=np.int32)
 ANCHORS = np.arange(MAX_MODELS, dtype=np.uint32) * 16_843_009  # up to 0xFEFEFEFE
 SAMPLES: list[Message] = [
-    Submit(rid=1, prompt=i32(5), params=SamplingParams(), arrival=1.7e9),
-    Submit(rid=2**64 - 1, prompt=i32(*range(1000)), params=PARAMS, arrival=0.5),
-    PeerReq(7, 0, 1, 1, PeerKind.HANDOFF, 12, i32(1, 2, 3), 10, PARAMS, b"", 3.25, u32(12, 0)),
-    PeerReq(7, 1, 0, 2**32 - 1, PeerKind.FINISH, 15, i32(), 10, None, b"\x00\xff", 4.0, u32()),
-    PeerReq(8, 255, 3, 5, PeerKind.ABORT, 0, LONG, 1, None, bytes(MAX_EXTRA), 0.0, ANCHORS),
+    Submit(rid=1, prompt=i32(5), params=SamplingParams()),
+    Submit(rid=2**64 - 1, prompt=i32(*range(1000)), params=PARAMS),
+    PeerReq(7, 1, PeerKind.HANDOFF, 12, i32(1, 2, 3), 10, PARAMS, b"", 3.25, u32(12, 0)),
+    PeerReq(7, 2**32 - 1, PeerKind.FINISH, 15, i32(), 10, None, b"\x00\xff", 4.0, u32()),
+    PeerReq(8, 5, PeerKind.ABORT, 0, LONG, 1, None, bytes(MAX_EXTRA), 0.0, ANCHORS),
     Emit(9, 0, i32(11, 12), np.array([0, 1], np.uint8), FinishReason.NONE),
     Emit(9, 2, i32(), np.array([], np.uint8), FinishReason.ERROR, "engine 1 died: ü"),
     Emit(10, 2**32 - 1, i32(2**31 - 1), np.array([255], np.uint8), FinishReason.LENGTH),
@@ -87,7 +89,7 @@ SAMPLES: list[Message] = [
     ),
     Done(2**64 - 1, 255, 2**32 - 1, 0, 2**64 - 1, f32()),
     Done(4, 0, 0, 0, 1, f32(float("nan"), float("inf"), -0.0, 3.4028235e38)),
-    PeerReq(9, 2, 0, 3, PeerKind.HANDOFF, 7, i32(5, 6), 4, None, b"pol", 1.5, u32(7, 2**32 - 1, 0)),
+    PeerReq(9, 3, PeerKind.HANDOFF, 7, i32(5, 6), 4, None, b"pol", 1.5, u32(7, 2**32 - 1, 0)),
 ]
 
 
@@ -116,17 +118,17 @@ def test_decoded_arrays_are_writable_copies() -> None:
 
 
 def test_peer_frame_layout_is_stable() -> None:
-    msg = PeerReq(1, 0, 1, 2, PeerKind.HANDOFF, 3, i32(4), 5, None, b"x", 0.0, u32(9, 2**32 - 1))
-    head = struct.pack("<BBQBBIBIIdIIBB", 2, 1, 1, 0, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2)
+    msg = PeerReq(1, 2, PeerKind.HANDOFF, 3, i32(4), 5, None, b"x", 0.0, u32(9, 2**32 - 1))
+    head = struct.pack("<BBQIBIIdIIBB", 2, VERSION, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2)
     assert encode(msg) == head + struct.pack("<iII", 4, 9, 2**32 - 1) + b"x"
 
 
 def test_ready_and_done_frame_layouts_are_stable() -> None:
     ready = Ready(1, 2, 3, 4, "é")
-    assert encode(ready) == struct.pack("<BBBIIII", 5, 1, 1, 2, 3, 4, 2) + "é".encode()
-    assert encode(Ready(1, 2, 3, 4)) == struct.pack("<BBBIIII", 5, 1, 1, 2, 3, 4, 0)
+    assert encode(ready) == struct.pack("<BBBIIII", 5, VERSION, 1, 2, 3, 4, 2) + "é".encode()
+    assert encode(Ready(1, 2, 3, 4)) == struct.pack("<BBBIIII", 5, VERSION, 1, 2, 3, 4, 0)
     done = Done(1, 2, 3, 4, 2**63 | 1, f32(0.5, -1.0))
-    head = struct.pack("<BBQBIIQI", 6, 1, 1, 2, 3, 4, 2**63 | 1, 2)
+    head = struct.pack("<BBQBIIQI", 6, VERSION, 1, 2, 3, 4, 2**63 | 1, 2)
     assert encode(done) == head + struct.pack("<ff", 0.5, -1.0)
 
 
@@ -141,12 +143,11 @@ params = st.builds(
     seed=st.none() | ints(0, 2**63 - 1),
     stop_token_ids=st.lists(ints(0, 2**31 - 1), max_size=4).map(tuple),
     ignore_eos=st.booleans(),
+    min_tokens=ints(0, 1),
 )
 peer_reqs = st.builds(
     PeerReq,
     rid=ints(0, 2**64 - 1),
-    src=ints(0, 255),
-    dst=ints(0, 255),
     handoff_seq=ints(0, 2**32 - 1),
     kind=st.sampled_from(PeerKind),
     loc=ints(0, 2**32 - 1),
@@ -213,25 +214,37 @@ def patched(msg: Message, offset: int, fmt: str, value: float) -> bytes:
     return bytes(frame)
 
 
+def at(prefix: str) -> int:
+    """Offset of the field that follows the struct `prefix` (the codec's layout, drawn there)."""
+    return struct.calcsize("<" + prefix)
+
+
+# Submit: tag ver rid n_prompt | params: max_tokens temperature top_p top_k seed ignore_eos
+# min_tokens n_stop | stop ids.  PeerReq: tag ver rid seq kind loc prompt_len sent_at n_tok
+# n_extra has_params n_anchors.  Emit: tag ver rid pos finish n n_error.
+SUBMIT, PARAMS_AT = "BBQ", "BBQI"
+PEER = "BBQIBIIdI"
+
+
 @pytest.mark.parametrize(
     ("frame", "match"),
     [
         (b"", "truncated frame: 0 bytes"),
-        (b"\x09\x01" + bytes(30), "unknown message tag 9"),
-        (b"\x00\x01" + bytes(30), "unknown message tag 0"),
-        (b"\x09\x01" + bytes(30), "unknown message tag 9"),
-        (patched(Abort(1), 1, "<B", 2), "unsupported protocol version 2"),
-        (patched(SAMPLES[2], 16, "<B", 0), "bad PeerKind 0"),
-        (patched(SAMPLES[5], 14, "<B", 5), "bad FinishReason 5"),
-        (patched(SAMPLES[3], 41, "<B", 2), "bad has_params byte 2"),
-        (patched(SAMPLES[3], 37, "<I", MAX_EXTRA + 1), "extra is 65537 bytes"),
-        (patched(SAMPLES[0], 18, "<I", 0), "Submit.prompt is empty"),
-        (patched(SAMPLES[0], 22, "<I", 0), "max_tokens must be >= 1, got 0"),
-        (patched(SAMPLES[0], 26, "<d", -1.0), "temperature must be >= 0, got -1.0"),
-        (patched(SAMPLES[0], 34, "<d", float("nan")), "top_p must be in"),
-        (patched(SAMPLES[0], 46, "<q", -2), "seed must be None or in"),
-        (patched(SAMPLES[0], 54, "<B", 3), "bad ignore_eos byte 3"),
-        (patched(SAMPLES[1], 59, "<i", -5), "stop_token_ids must be in"),
+        (bytes([9, VERSION]) + bytes(30), "unknown message tag 9"),
+        (bytes([0, VERSION]) + bytes(30), "unknown message tag 0"),
+        (patched(Abort(1), 1, "<B", 9), "unsupported protocol version 9"),
+        (patched(SAMPLES[2], at("BBQI"), "<B", 0), "bad PeerKind 0"),
+        (patched(SAMPLES[5], at("BBQI"), "<B", 5), "bad FinishReason 5"),
+        (patched(SAMPLES[3], at(PEER + "I"), "<B", 2), "bad has_params byte 2"),
+        (patched(SAMPLES[3], at(PEER), "<I", MAX_EXTRA + 1), "extra is 65537 bytes"),
+        (patched(SAMPLES[0], at(SUBMIT), "<I", 0), "Submit.prompt is empty"),
+        (patched(SAMPLES[0], at(PARAMS_AT), "<I", 0), "max_tokens must be >= 1, got 0"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "I"), "<d", -1.0), "temperature must be >= 0"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "Id"), "<d", float("nan")), "top_p must be in"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddI"), "<q", -2), "seed must be None or in"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddIq"), "<B", 3), "bad ignore_eos byte 3"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddIqB"), "<I", 17), "min_tokens must be in"),
+        (patched(SAMPLES[1], at(PARAMS_AT + "IddIqBII"), "<i", -5), "stop_token_ids must be in"),
         (patched(SAMPLES[5], 19, "<I", 1) + b"\xff", "Emit.error is not utf-8"),
         (patched(SAMPLES[5], 15, "<I", 3), "truncated frame: array needs"),
         (patched(SAMPLES[10], 15, "<I", 1) + b"\xff", "Ready.error is not utf-8"),
@@ -239,9 +252,9 @@ def patched(msg: Message, offset: int, fmt: str, value: float) -> bytes:
         (encode(SAMPLES[10])[:15], "truncated frame: 15 bytes, header needs 19"),
         (patched(SAMPLES[13], 27, "<I", 2**32 - 1), "truncated frame: array needs"),
         (patched(SAMPLES[12], 27, "<I", 1), "4 trailing bytes after Done"),
-        (patched(SAMPLES[15], 42, "<B", 4), "truncated frame: array needs"),
-        (patched(SAMPLES[15], 42, "<B", 2), "4 trailing bytes after PeerReq"),
-        (patched(SAMPLES[3], 42, "<B", 255), "truncated frame: array needs"),
+        (patched(SAMPLES[15], at(PEER + "IB"), "<B", 4), "truncated frame: array needs"),
+        (patched(SAMPLES[15], at(PEER + "IB"), "<B", 2), "4 trailing bytes after PeerReq"),
+        (patched(SAMPLES[3], at(PEER + "IB"), "<B", 255), "truncated frame: array needs"),
     ],
 )
 def test_malformed_frames_name_the_problem(frame: bytes, match: str) -> None:
@@ -257,24 +270,24 @@ def test_decode_rejects_non_bytes() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from([1, 2, 3, 4, 5, 6, 7, 8]), st.binary(max_size=120))
 def test_garbage_never_raises_anything_but_protocol_error(tag: int, body: bytes) -> None:
-    for frame in (bytes([tag, 1]) + body, body):
+    for frame in (bytes([tag, VERSION]) + body, body):
         with contextlib.suppress(ProtocolError):
             decode(frame)
 
 
 def peer(**kw: Any) -> PeerReq:
-    base = PeerReq(1, 0, 1, 1, PeerKind.HANDOFF, 0, i32(), 0, None, b"", 0.0, u32(0, 0))
+    base = PeerReq(1, 1, PeerKind.HANDOFF, 0, i32(), 0, None, b"", 0.0, u32(0, 0))
     return dataclasses.replace(base, **kw)
 
 
 @pytest.mark.parametrize(
     ("msg", "match"),
     [
-        (Submit(1, i32(), SamplingParams(), 0.0), "prompt must not be empty"),
-        (Submit(1, np.array([1], np.int64), SamplingParams(), 0.0), "Submit.prompt must be"),
+        (Submit(1, i32(), SamplingParams()), "prompt must not be empty"),
+        (Submit(1, np.array([1], np.int64), SamplingParams()), "Submit.prompt must be"),
         (peer(tokens=[1]), "PeerReq.tokens must be a 1-D int32 numpy array"),
         (peer(extra=bytes(MAX_EXTRA + 1)), "extra is 65537 bytes"),
-        (peer(src=256), "cannot encode PeerReq"),
+        (peer(handoff_seq=2**32), "cannot encode PeerReq"),
         (peer(anchors=[0, 1]), "PeerReq.anchors must be a 1-D uint32 numpy array"),
         (peer(anchors=np.array([0, 1], np.int32)), "anchors must be a 1-D uint32"),
         (peer(anchors=np.array([0, 1], np.uint64)), "anchors must be a 1-D uint32"),
@@ -310,6 +323,8 @@ def test_encode_rejects_what_the_wire_cannot_carry(msg: Any, match: str) -> None
         ({"seed": -1}, r"seed must be None or in \[0, 2\*\*63\), got -1"),
         ({"seed": 2**63}, "got 9223372036854775808"),
         ({"stop_token_ids": (3, -1)}, r"stop_token_ids must be in .*got \(3, -1\)"),
+        ({"min_tokens": 17}, r"min_tokens must be in \[0, max_tokens\], got 17"),
+        ({"min_tokens": -1}, r"min_tokens must be in \[0, max_tokens\], got -1"),
     ],
 )
 def test_sampling_params_validation(kwargs: dict[str, Any], match: str) -> None:

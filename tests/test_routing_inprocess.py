@@ -2,7 +2,8 @@
 
 The engines talk through the real codec but through Python queues, so the test can
 choose any interleaving of steps and deliveries, and inject duplicated, reordered and
-late messages. Outputs must equal the reference loop exactly (float64).
+late messages, to the peers and to the front end. Outputs must equal the reference loop
+exactly (float64), and the front end must have seen (and ignored) the duplicate Emits.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import pytest
 
 from trd.engines.engine import Engine
 from trd.engines.router import RoutingEngine
-from trd.engines.tracker import Tracked
+from trd.engines.spec import EngineSpec
 from trd.ipc.names import FRONTEND
-from trd.policies import PolicyContext, make_policy
+from trd.policies.base import PolicyContext
+from trd.policies.factory import make_policy
 from trd.protocol import Done, Emit, Message, PeerReq, Submit, decode, encode
+from trd.supervisor.generation import Generation
 
-from routing_cases import MODEL_SETS, jobs, reference
+from routing_cases import MODEL_SETS, jobs, reference, specs
 
 
 class Wiring:
@@ -30,19 +33,21 @@ class Wiring:
         self.rng = random.Random(seed)
         self.inbox: dict[int, list[Message]] = {n: [] for n in [FRONTEND, *range(len(paths))]}
         self.engines = []
-        for i, p in enumerate(paths):
-            eng = Engine(p, dtype="float64", kv_tokens=8192, max_batch_tokens=256)
-            ctx = PolicyContext(i, len(paths), eng.runner.model.model.embed_tokens)
-            pol = make_policy(policy, ctx, dict(params))
-            self.engines.append(RoutingEngine(eng, pol, i, len(paths), self._sender()))
-        self.tracked: dict[int, Tracked] = {}
+        for spec in specs(paths, policy, params, kv_tokens=8192, max_batch_tokens=256):
+            self.engines.append(self._engine(spec))
+        self.tracked: dict[int, Generation] = {}
         self.injected = 0
+
+    def _engine(self, spec: EngineSpec) -> RoutingEngine:
+        eng = Engine(spec)
+        ctx = PolicyContext(spec.index, spec.num_models, eng.runner.model.model.embed_tokens)
+        return RoutingEngine(eng, make_policy(spec.policy, ctx), self._sender())
 
     def _sender(self):
         def send(node: int, msg: Message) -> None:
             copy = decode(encode(msg))
             box = self.inbox[node]
-            if isinstance(copy, PeerReq) and self.rng.random() < 0.5:
+            if isinstance(copy, PeerReq | Emit) and self.rng.random() < 0.5:
                 box.insert(self.rng.randrange(len(box) + 1), decode(encode(msg)))  # duplicate
                 self.injected += 1
             box.append(copy)
@@ -50,15 +55,15 @@ class Wiring:
         return send
 
     def submit(self, rid: int, prompt: list[int], params) -> None:
-        self.tracked[rid] = Tracked(rid)
-        self.inbox[0].append(Submit(rid, np.asarray(prompt, np.int32), params, 0.0))
+        self.tracked[rid] = Generation(rid, len(prompt))
+        self.inbox[0].append(Submit(rid, np.asarray(prompt, np.int32), params))
 
     def tick(self) -> None:
         node = self.rng.randrange(len(self.engines))
         box = self.inbox[node]
         take = self.rng.randint(0, len(box))
         for msg in box[:take]:
-            self.engines[node].handle(msg)
+            self.engines[node].inbox.handle(msg)
         del box[:take]
         if self.rng.random() < 0.7:
             self.engines[node].step()
@@ -108,6 +113,7 @@ def test_interleavings_match_the_reference(
         alloc = e.engine.scheduler.allocator
         assert alloc.num_free == alloc.num_pages
     assert wiring.injected > 0
+    assert sum(g.duplicates for g in wiring.tracked.values()) > 0  # Emits came twice, ignored
 
 
 def test_an_engine_expects_a_return_while_its_request_is_away(
@@ -121,15 +127,15 @@ def test_an_engine_expects_a_return_while_its_request_is_away(
     wiring.submit(0, prompt, sp)
     assert not small.expects_return() and not large.expects_return()
     for msg in wiring.inbox[0]:
-        small.handle(msg)
+        small.inbox.handle(msg)
     wiring.inbox[0].clear()
     small.step()  # position 0 belongs to the large model: hand off
     assert small.expects_return() and not large.expects_return()
     for msg in wiring.inbox[1]:
-        large.handle(msg)
+        large.inbox.handle(msg)
     wiring.inbox[1].clear()
     large.step()  # commits position 0, hands position 1 back
     assert large.expects_return()
     for msg in wiring.inbox[0]:
-        small.handle(msg)
+        small.inbox.handle(msg)
     assert not small.expects_return()  # back and runnable: nothing of its own away

@@ -8,6 +8,7 @@ reference loop's, and every model must have fed each token at most once.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -15,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from trd.engines.group import EngineGroup, run_closed_loop
+from trd.models.checkpoint import CheckpointError
 from trd.policies.heads import save_random_head
 from trd.protocol import FinishReason, SamplingParams
+from trd.supervisor.group import EngineGroup, EngineStartError, run_closed_loop
 
 from routing_cases import MODEL_SETS, jobs, reference, specs
 
@@ -94,18 +96,18 @@ def test_killed_engine_fails_its_requests_cleanly(tiny_models: dict[str, Path]) 
     group.start()
     try:
         params = SamplingParams(max_tokens=2000, ignore_eos=True)
-        rids = [group.submit([5, 6, 7, 8], params) for _ in range(4)]
-        while sum(len(group.tracked[r].tokens) for r in rids) < 20:
+        gens = [group.submit([5, 6, 7, 8], params) for _ in range(4)]
+        while sum(len(g.tokens) for g in gens) < 20:
             group.pump(timeout=0.1)
         os.kill(group.procs[1].pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while not all(group.tracked[r].complete for r in rids):
+        while not all(g.complete for g in gens):
             assert time.monotonic() < deadline, "requests hang after an engine died"
             group.pump(timeout=0.1)
-        for r in rids:
-            assert group.tracked[r].finish is FinishReason.ERROR
-            assert "engine 'large'" in group.tracked[r].error
-            assert "died" in group.tracked[r].error
+        for g in gens:
+            assert g.finish is FinishReason.ERROR
+            assert "engine 'large'" in g.error
+            assert "died" in g.error
         with pytest.raises(RuntimeError, match="degraded"):
             group.submit([1, 2], params)
     finally:
@@ -115,11 +117,18 @@ def test_killed_engine_fails_its_requests_cleanly(tiny_models: dict[str, Path]) 
 
 def test_broken_checkpoint_names_the_engine(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     paths = [tiny_models["small"], tmp_path]  # an empty directory is not a checkpoint
-    group = EngineGroup(specs(paths, "rstitch", {"threshold": 0.5}))
-    from trd.engines.group import EngineStartError
-
     with pytest.raises(
-        EngineStartError, match=rf"engine '{tmp_path.name}' failed to start: .*config"
-    ):
+        CheckpointError, match=rf"{tmp_path}: missing config.json"
+    ):  # the supervisor reads every checkpoint before it starts any engine
+        specs(paths, "rstitch", {"threshold": 0.5})
+
+
+def test_engine_that_cannot_load_names_itself(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_models["large"], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])  # header whole, data cut short
+    group = EngineGroup(specs([tiny_models["small"], broken], "rstitch", {"threshold": 0.5}))
+    with pytest.raises(EngineStartError, match=r"engine 'broken' failed to start: .*safetensors"):
         group.start(timeout=120)
     assert shm_segments(group.prefix) == []

@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from trd.engines.engine import Engine
-from trd.engines.sampler import sample, uniform
+from trd.engines.sampler import sample
+from trd.engines.spec import EngineSpec
 from trd.protocol import FinishReason, SamplingParams
+from trd.rng import uniform
 
 PROMPT = [101, 102, 103, 104]
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_models: dict[str, Path]) -> Engine:
-    return Engine(tiny_models["small"], kv_tokens=8192)
+    return Engine(EngineSpec.of(tiny_models["small"], kv_tokens=8192))
 
 
 def test_seeded_sampling_is_identical_alone_and_in_a_batch_of_8(engine: Engine) -> None:

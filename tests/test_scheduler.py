@@ -7,11 +7,13 @@ import pytest
 from trd.engines.pages import PageAllocator
 from trd.engines.request import Request, State
 from trd.engines.scheduler import RequestTooLarge, Scheduler
+from trd.engines.spec import EngineSettings
 from trd.protocol import SamplingParams
 
 
 def make(num_pages: int = 16, page_size: int = 4, budget: int = 16, size: int = 8) -> Scheduler:
-    return Scheduler(PageAllocator(num_pages, page_size), budget, size, max_model_len=64)
+    settings = EngineSettings(max_batch_tokens=budget, max_batch_size=size)
+    return Scheduler(PageAllocator(num_pages, page_size), settings, max_model_len=64)
 
 
 def req(rid: int, prompt: int, max_tokens: int = 4) -> Request:

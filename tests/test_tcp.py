@@ -29,8 +29,6 @@ Client = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[object
 MESSAGES: list[Message] = [
     PeerReq(
         rid=1,
-        src=0,
-        dst=1,
         handoff_seq=1,
         kind=PeerKind.HANDOFF,
         loc=5,

@@ -7,6 +7,8 @@
 
 The admin API listens on loopback or a unix socket: --admin 127.0.0.1:8001 or
 --admin unix:/run/tokenrouterd/admin.sock (default: $TRCTL_ADMIN, else 127.0.0.1:8001).
+With `admin_token` in the daemon's config, give it with --token or $TRCTL_ADMIN_TOKEN,
+or let --config FILE read the address and the token from the daemon's config.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 DEFAULT_ADMIN = "127.0.0.1:8001"
 TIMEOUT_S = 120.0  # a recommendation solves Markov chains
@@ -39,7 +44,7 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def request(admin: str, method: str, path: str, body: Any = None) -> Any:
+def request(admin: str, method: str, path: str, body: Any = None, token: str = "") -> Any:
     """One admin call; the decoded JSON answer, or AdminError saying what went wrong."""
     if admin.startswith("unix:"):
         conn: http.client.HTTPConnection = _UnixConnection(admin[len("unix:") :])
@@ -50,7 +55,10 @@ def request(admin: str, method: str, path: str, body: Any = None) -> Any:
         conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=TIMEOUT_S)
     payload = None if body is None else json.dumps(body).encode()
     try:
-        conn.request(method, path, payload, {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request(method, path, payload, headers)
         resp = conn.getresponse()
         data = resp.read()
     except OSError as exc:
@@ -102,8 +110,25 @@ def format_status(s: dict[str, Any]) -> str:
             e["thresholds"],
         ])  # fmt: skip
     wait = s["thresholds"]["max_wait_ms"]
-    return "\n".join([*head, "", table(rows), f"max_wait_ms {wait:g}", "",
+    return "\n".join([*head, format_mps(s["mps"]), "", table(rows), f"max_wait_ms {wait:g}", "",
                       "memory plan:", s["memory_plan_table"]])  # fmt: skip
+
+
+def format_mps(m: dict[str, Any]) -> str:
+    if m["state"] == "running":
+        return f"MPS: running, control daemon pid {m['pid']}, pipe {m['pipe_dir']}"
+    return f"MPS: {m['state']} ({m['reason']})"
+
+
+def from_config(path: str) -> tuple[str, str]:
+    """(admin address, admin token) from a daemon config file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise AdminError(f"--config {path}: cannot read it: {exc}") from None
+    if not isinstance(raw, dict):
+        raise AdminError(f"--config {path}: not a tokenrouterd config (expected a mapping)")
+    return str(raw.get("admin", DEFAULT_ADMIN)), str(raw.get("admin_token", ""))
 
 
 def format_thresholds(t: dict[str, Any]) -> str:
@@ -142,6 +167,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="trctl", description=__doc__.split("\n\n")[0])
     p.add_argument("--admin", default=os.environ.get("TRCTL_ADMIN", DEFAULT_ADMIN),
                    help="admin API: host:port or unix:/path (default: %(default)s)")  # fmt: skip
+    p.add_argument("--token", default=os.environ.get("TRCTL_ADMIN_TOKEN", ""),
+                   help="admin token (default: $TRCTL_ADMIN_TOKEN)")  # fmt: skip
+    p.add_argument("--config", help="read --admin and --token from the daemon's config file")
     sub = p.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="engines, memory plan, queues, rates")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -161,14 +189,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        admin, token = from_config(args.config) if args.config else (args.admin, args.token)
+
+        def call(method: str, path: str, body: Any = None) -> Any:
+            return request(admin, method, path, body, token)
+
         if args.command == "status":
-            answer = request(args.admin, "GET", "/status")
+            answer = call("GET", "/status")
             text = format_status(answer)
         elif args.recommend:
-            answer = request(args.admin, "GET", "/thresholds/recommend")
+            answer = call("GET", "/thresholds/recommend")
             text = format_recommendation(answer)
             if args.apply:
-                request(args.admin, "POST", "/thresholds", {"thresholds": answer["models"]})
+                call("POST", "/thresholds", {"thresholds": answer["models"]})
                 text += "\napplied."
         elif args.apply:
             raise AdminError("--apply goes with --recommend")
@@ -176,10 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             body: dict[str, Any] = {"thresholds": parse_settings(args.set or [])}
             if args.max_wait_ms is not None:
                 body["max_wait_ms"] = args.max_wait_ms
-            answer = request(args.admin, "POST", "/thresholds", body)
+            answer = call("POST", "/thresholds", body)
             text = format_thresholds(answer)
         else:
-            answer = request(args.admin, "GET", "/thresholds")
+            answer = call("GET", "/thresholds")
             text = format_thresholds(answer)
     except AdminError as exc:
         print(f"trctl: {exc}", file=sys.stderr)

@@ -1,16 +1,15 @@
 """The daemon's YAML config: a frozen dataclass tree, every value checked at load time.
 
     listen: 127.0.0.1:8000          admin: 127.0.0.1:8001 | unix:/run/tokenrouterd/admin.sock
+    admin_token: "" | a secret trctl must send
     device: auto | cpu | cuda | cuda:N            mps: auto | required | off
     memory: {budget_gib: auto | GiB, fraction: 0.9, max_kv_tokens: auto | N}
     max_model_len: N (default: the smallest context of the models)
-    max_inflight: 256
+    max_inflight: 256               stall_timeout_s: 120
     models: [{name, path, dtype}, ...]             first = entry model
-    policy: {name: rstitch, <the policy's params>}
+    policy: {name: rstitch, <the policy's params: trd/policies/params.py>}
     batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
-    engine: {page_size: 16, max_batch_tokens: 1024, max_batch_size: 64, threads: auto,
-             spin_ms: 20, cpu_linear: torch, pending_kv: true, step_sync: false}
-             (the last two: ablations)
+    engine: {<trd/engines/spec.py EngineSettings: each key, default and check>}
     shutdown: {grace_s: 30}         restart: {max_retries: 3, backoff_s: 1.0}
 
 A bad value raises ConfigError naming its key, the value and the reason; so does an
@@ -22,17 +21,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import yaml
 
 from trd.config_reader import ConfigError, Section, fail
-from trd.engines.checkpoint import DTYPES, CheckpointError
-from trd.engines.checkpoint import load_config as load_checkpoint_config
-from trd.engines.spec import CPU_LINEARS
-from trd.policies import POLICIES
+from trd.engines.spec import EngineSettings, SettingError
+from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
+from trd.policies.params import PolicyError, PolicySpec, parse_policy
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
@@ -88,6 +86,7 @@ class ModelEntry:
     name: str
     path: Path
     dtype: str
+    checkpoint: Checkpoint  # read once, here; the memory plan and the engine use it
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,33 +97,22 @@ class MemoryConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
-    page_size: int = 16
-    max_batch_tokens: int = 1024
-    max_batch_size: int = 64
-    threads: int | None = None  # None = auto: cpu_count // number of models
-    spin_ms: float = 20.0  # an engine with a request at a peer polls its rings this long
-    cpu_linear: str = "torch"  # "onednn": oneDNN-packed float32 linears (CPU only)
-    pending_kv: bool = True  # ablation: False frees a request's KV when it leaves an engine
-    step_sync: bool = False  # ablation: True puts a global barrier between engine steps
-
-
-@dataclass(frozen=True, slots=True)
 class Config:
     models: tuple[ModelEntry, ...]
     max_model_len: int
     listen: Address = Address("127.0.0.1", 8000)
     admin: Address = Address("127.0.0.1", 8001)
+    admin_token: str = ""  # non-empty: the admin API wants `Authorization: Bearer <token>`
     device: str = "auto"
     mps: MpsMode = "auto"
     memory: MemoryConfig = MemoryConfig()
     max_inflight: int = 256
-    policy: str = "rstitch"
-    policy_params: dict[str, Any] = field(default_factory=dict)
+    stall_timeout_s: float = 120.0  # a request no engine reports on this long fails
+    policy: PolicySpec = PolicySpec("rstitch")  # noqa: RUF009 - frozen, shared safely
     thresholds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     max_wait_ms: float = 20.0
     auto_interval_s: float = 0.0  # > 0: re-optimise thresholds from live figures this often
-    engine: EngineConfig = EngineConfig()
+    engine: EngineSettings = EngineSettings()  # noqa: RUF009
     grace_s: float = 30.0
     max_retries: int = 3
     backoff_s: float = 1.0
@@ -175,21 +163,25 @@ def from_dict(raw: Any, base_dir: Path) -> Config:
     batching = Section("batching", top.get("batching", {}))
     shutdown = Section("shutdown", top.get("shutdown", {}))
     restart = Section("restart", top.get("restart", {}))
+    max_inflight = top.integer("max_inflight", 256, low=1)
     cfg = Config(
         models=models,
         max_model_len=_max_model_len(top, models),
         listen=parse_address("listen", top.get("listen", "127.0.0.1:8000"), allow_unix=False),
         admin=_admin(top.get("admin", "127.0.0.1:8001")),
+        admin_token=_token(top.get("admin_token", "")),
         device=_device(top.get("device", "auto")),
-        mps=cast(MpsMode, top.choice("mps", ["auto", "required", "off"], "auto")),
+        mps=_mps(top.get("mps", "auto")),
         memory=_memory(Section("memory", top.get("memory", {}))),
-        max_inflight=top.integer("max_inflight", 256, low=1),
-        policy=policy.choice("name", sorted(POLICIES)),
-        policy_params=policy.rest(),
-        thresholds=_thresholds(batching.get("thresholds", {}), [m.name for m in models]),
+        max_inflight=max_inflight,
+        stall_timeout_s=top.number("stall_timeout_s", 120.0, low=1.0),
+        policy=_policy(policy, len(models)),
+        thresholds=_thresholds(
+            batching.get("thresholds", {}), [m.name for m in models], max_inflight
+        ),
         max_wait_ms=batching.number("max_wait_ms", 20.0, low=0.0),
         auto_interval_s=batching.number("auto_interval_s", 0.0, low=0.0),
-        engine=_engine(Section("engine", top.get("engine", {}))),
+        engine=_engine(top.get("engine", {})),
         grace_s=shutdown.number("grace_s", 30.0, low=0.0),
         max_retries=restart.integer("max_retries", 3, low=0),
         backoff_s=restart.number("backoff_s", 1.0, low=0.0),
@@ -237,24 +229,43 @@ def _memory(sec: Section) -> MemoryConfig:
     )
 
 
-def _engine(sec: Section) -> EngineConfig:
-    threads = sec.get("threads", "auto")
-    if threads != "auto" and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        fail("engine.threads", threads, "expected auto or a positive integer")
-    cfg = EngineConfig(
-        page_size=sec.integer("page_size", 16, low=1),
-        max_batch_tokens=sec.integer("max_batch_tokens", 1024, low=1),
-        max_batch_size=sec.integer("max_batch_size", 64, low=1),
-        threads=None if threads == "auto" else threads,
-        spin_ms=sec.number("spin_ms", 20.0, low=0.0),
-        cpu_linear=sec.choice("cpu_linear", list(CPU_LINEARS), "torch"),
-        pending_kv=sec.boolean("pending_kv", True),
-        step_sync=sec.boolean("step_sync", False),
-    )
+def _engine(raw: Any) -> EngineSettings:
+    """The `engine:` section: its keys, defaults and checks are EngineSettings' fields."""
+    sec = Section("engine", raw)
+    values: dict[str, Any] = {}
+    for f in fields(EngineSettings):
+        value = sec.get(f.name, f.default)
+        values[f.name] = None if value == "auto" and f.metadata.get("auto") else value
     sec.done()
-    return cfg
+    try:
+        return EngineSettings(**values)
+    except SettingError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _policy(sec: Section, num_models: int) -> PolicySpec:
+    name = sec.string("name", "rstitch")
+    params = sec.rest()
+    try:
+        parse_policy(name, params, num_models)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    return PolicySpec(name, params)
+
+
+def _mps(value: Any) -> MpsMode:
+    # YAML reads a bare `off` as false; `on` / `true` are ambiguous between auto and required.
+    if value is False:
+        return "off"
+    if value not in ("auto", "required", "off"):
+        fail("mps", value, "expected auto, required or off")
+    return cast(MpsMode, value)
+
+
+def _token(value: Any) -> str:
+    if not isinstance(value, str) or (value and (len(value) < 16 or not value.isprintable())):
+        fail("admin_token", "<hidden>", "expected a printable string of at least 16 characters")
+    return value
 
 
 def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
@@ -271,47 +282,52 @@ def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
         dtype = sec.choice("dtype", list(DTYPES), "bfloat16")
         sec.done()
         try:
-            ckpt = load_checkpoint_config(path)
+            ckpt = read_checkpoint(path)
         except CheckpointError as exc:
             fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
-        if vocab is not None and ckpt.vocab_size != vocab[1]:
+        vocab_size = ckpt.config.vocab_size
+        if vocab is not None and vocab_size != vocab[1]:
             fail(
                 f"models[{i}].path", str(path),
-                f"vocab size {ckpt.vocab_size} differs from {vocab[0]}'s {vocab[1]};"
+                f"vocab size {vocab_size} differs from {vocab[0]}'s {vocab[1]};"
                 " routed models must share one tokenizer",
             )  # fmt: skip
-        vocab = vocab or (name, ckpt.vocab_size)
-        entries.append(ModelEntry(name, path, dtype))
+        vocab = vocab or (name, vocab_size)
+        entries.append(ModelEntry(name, path, dtype, ckpt))
     if not (entries[0].path / "tokenizer.json").is_file():
         fail("models[0].path", str(entries[0].path), "the entry model has no tokenizer.json")
     return tuple(entries)
 
 
 def _max_model_len(top: Section, models: tuple[ModelEntry, ...]) -> int:
-    context = min(load_checkpoint_config(m.path).max_position_embeddings for m in models)
+    context = min(m.checkpoint.config.max_position_embeddings for m in models)
     value = top.integer("max_model_len", context, low=2)
     if value > context:
         fail("max_model_len", value, f"exceeds the models' smallest context ({context})")
     return value
 
 
-def _thresholds(raw: Any, names: list[str]) -> dict[str, tuple[int, ...]]:
+def _thresholds(raw: Any, names: list[str], max_inflight: int) -> dict[str, tuple[int, ...]]:
     sec = Section("batching.thresholds", raw)
     out = {}
     for name in list(sec.keys()):
         if name not in names:
             fail(f"batching.thresholds.{name}", raw[name], f"no such model (models: {names})")
-        out[name] = parse_thresholds(f"batching.thresholds.{name}", sec.get(name))
+        out[name] = parse_thresholds(f"batching.thresholds.{name}", sec.get(name), max_inflight)
     return out
 
 
-def parse_thresholds(key: str, value: Any) -> tuple[int, ...]:
-    """A non-empty list of batch thresholds >= 1 (B indexed by active-request count)."""
-    ok = (
-        isinstance(value, list)
-        and value
-        and all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in value)
-    )
+def parse_thresholds(key: str, value: Any, max_inflight: int) -> tuple[int, ...]:
+    """Batch thresholds B indexed by active-request count: 1 <= B <= max_inflight each.
+
+    More entries than max_inflight could never be indexed, and a B above it never met.
+    """
+
+    def good(b: Any) -> bool:
+        return isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= max_inflight
+
+    ok = isinstance(value, list) and 0 < len(value) <= max_inflight and all(map(good, value))
     if not ok:
-        fail(key, value, "expected a non-empty list of integers >= 1")
+        fail(key, value, f"expected 1 to {max_inflight} integers, each in [1, {max_inflight}]"
+             " (max_inflight)")  # fmt: skip
     return tuple(value)

@@ -1,7 +1,7 @@
 """tokenrouterd: the supervisor process.
 
     tokenrouterd --config FILE       serve (what systemd runs)
-    tokenrouterd --demo [--port P]   serve the fixture models with R-Stitch on CPU
+    tokenrouterd --demo [tiny] [--port P]   serve the demo pair with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
 
 Start order: config -> devices -> MPS -> memory plan -> engines (READY from each) ->
@@ -28,19 +28,18 @@ import uvloop
 from aiohttp import web
 
 from trd.config import Address, Config, ConfigError, load_config
-from trd.engines.checkpoint import load_config as load_checkpoint_config
-from trd.engines.group import EngineStartError
-from trd.frontend.admin import AdminApi
+from trd.frontend.admin import AdminApi, MpsState
 from trd.frontend.app import OpenAIApi, Served
-from trd.frontend.hub import Hub
 from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
-from trd.launch import Launch, plan_launch
 from trd.logs import StderrTap, setup_logging
 from trd.memplan.plan import PlanError
 from trd.mps.manager import MpsError, MpsManager
 from trd.sdnotify import Notifier
-from trd.supervisor import Supervisor
+from trd.supervisor.deployment import Deployment, plan_deployment
+from trd.supervisor.group import EngineStartError
+from trd.supervisor.hub import Hub
+from trd.supervisor.keeper import EngineKeeper
 
 log = logging.getLogger("trd.daemon")
 
@@ -52,12 +51,13 @@ HANDLER_SHUTDOWN_S = 2.0
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tokenrouterd", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, help="YAML config file")
-    p.add_argument("--demo", action="store_true", help="serve the fixture models on CPU")
+    p.add_argument("--demo", nargs="?", const="tiny", choices=["tiny"],
+                   help="serve a built-in model pair on CPU: tiny = the test fixtures")  # fmt: skip
     p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
-    if args.demo == (args.config is not None):
+    if (args.demo is None) == (args.config is None):
         p.error("give exactly one of --config FILE and --demo")
     if not 1 <= args.port <= 65534:
         p.error(f"--port: {args.port} is not in 1..65534")
@@ -65,85 +65,110 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    if not args.demo:
+    if args.demo is None:
         return load_config(args.config)
     from trd.tinymodels.build import ensure_models  # trains the fixtures once if missing
 
     return Config.demo(ensure_models(names=("small", "large")), args.port)
 
 
+def _exit_now(signum: int, frame: object) -> None:
+    raise SystemExit(0)  # stopped before anything was started: nothing to undo
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Until the event loop takes them over, SIGTERM/SIGINT end a start cleanly.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_now)
     tap = None
     if not args.check:
         tap = StderrTap()
         setup_logging(args.log_level, tap.stream())
     try:
         cfg = _config(args)
-        launch = plan_launch(cfg)
+        deployment = plan_deployment(cfg)
     except (ConfigError, PlanError, MpsError, ValueError) as exc:
         print(f"tokenrouterd: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check:
-        mps = "on" if launch.use_mps else "off"
-        print(f"config OK: {len(cfg.models)} models on {launch.device}, policy {cfg.policy}, "
-              f"max_model_len {cfg.max_model_len}, MPS {mps}")  # fmt: skip
-        print(launch.plan.to_table())
+        mps = "on" if deployment.use_mps else f"off ({deployment.mps_reason})"
+        print(f"config OK: {len(cfg.models)} models on {deployment.device}, policy "
+              f"{cfg.policy.name}, max_model_len {cfg.max_model_len}, MPS {mps}")  # fmt: skip
+        print(deployment.plan.to_table())
         return 0
-    return uvloop.run(Daemon(cfg, launch, tap).run())
+    return uvloop.run(Daemon(cfg, deployment, tap).run())
 
 
 class Daemon:
-    def __init__(self, cfg: Config, launch: Launch, tap: StderrTap | None) -> None:
-        self.cfg, self.launch, self.tap = cfg, launch, tap
+    def __init__(self, cfg: Config, deployment: Deployment, tap: StderrTap | None) -> None:
+        self.cfg, self.deployment, self.tap = cfg, deployment, tap
         self.notifier = Notifier()
         self.stop = asyncio.Event()
         self.runners: list[web.AppRunner] = []
+        self.mps_state = MpsState("off", deployment.mps_reason)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
-        mps = await asyncio.to_thread(self._start_mps)
-        specs = self.launch.specs
-        if mps is not None:
-            specs = self.launch.with_env({m.name: mps.engine_env(m.name) for m in self.cfg.models})
-        hub = Hub(self.cfg.max_inflight)
-        sup = Supervisor(self.cfg, specs, hub, self.tap)
         try:
-            return await self._serve(hub, sup)
+            mps = await asyncio.to_thread(self._start_mps)
+        except MpsError as exc:
+            log.error("cannot start MPS: %s", exc)
+            return EXIT_FAILED
+        specs = self.deployment.specs
+        if mps is not None:
+            env = {m.name: mps.engine_env(m.name) for m in self.cfg.models}
+            specs = self.deployment.with_env(env)
+        hub = Hub(self.cfg.max_inflight)
+        keeper = EngineKeeper(self.cfg, specs, hub, self.tap)
+        try:
+            return await self._serve(hub, keeper)
         finally:
-            await sup.stop("server shutting down")
+            await keeper.stop("server shutting down")
             if mps is not None:
                 await asyncio.to_thread(mps.stop)
             log.info("stopped")
 
     def _start_mps(self) -> MpsManager | None:
-        if not self.launch.use_mps:
+        if not self.deployment.use_mps:
             return None
         runtime = os.environ.get("RUNTIME_DIRECTORY") or tempfile.mkdtemp(prefix="trd-")
         mps = MpsManager(Path(runtime))
         mps.start()
+        self.mps_state = MpsState("running", "", mps.pid, str(mps.pipe_dir))
         return mps
 
-    async def _serve(self, hub: Hub, sup: Supervisor) -> int:
-        for line in self.launch.plan.to_table().splitlines():
+    async def _serve(self, hub: Hub, keeper: EngineKeeper) -> int:
+        for line in self.deployment.plan.to_table().splitlines():
             log.info("memory plan | %s", line)
         self.notifier.status("starting engines")
         started = time.monotonic()
+        starting = asyncio.ensure_future(keeper.start())
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if self.stop.is_set():
+            keeper.cancel_start()
         try:
-            await sup.start()
+            await starting
         except EngineStartError as exc:
+            if self.stop.is_set():
+                log.info("stopped while the engines were starting")
+                return 0
             log.error("%s", exc)
             return EXIT_FAILED
+        finally:
+            stopped.cancel()
         log.info("engines ready in %.1f s", time.monotonic() - started)
         if self.stop.is_set():
-            return 0  # told to stop while the engines were loading
+            return 0
         served = await asyncio.to_thread(self._served)
-        metrics = Metrics(sup.engine_stats, lambda: len(hub.gens))
+        metrics = Metrics(keeper.engine_stats, lambda: len(hub.gens))
+        admin = AdminApi(keeper, hub, self.deployment.plan, self.mps_state)
         try:
             await self._open(OpenAIApi(served, hub, metrics).app(), self.cfg.listen)
-            await self._open(AdminApi(sup, hub, self.launch.plan).app(), self.cfg.admin)
+            await self._open(admin.app(), self.cfg.admin)
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             return EXIT_FAILED
@@ -151,20 +176,20 @@ class Daemon:
         log.info("serving %s on http://%s, admin on %s", served.model_id, self.cfg.listen,
                  self.cfg.admin)  # fmt: skip
         watchdog = asyncio.get_running_loop().create_task(self._watchdog())
-        fatal = asyncio.get_running_loop().create_task(sup.fatal.wait())
+        fatal = asyncio.get_running_loop().create_task(keeper.fatal.wait())
         await asyncio.wait([fatal, asyncio.ensure_future(self.stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
         watchdog.cancel()
-        await self._drain(hub, sup)
-        return EXIT_FAILED if sup.fatal.is_set() else 0
+        await self._drain(hub, keeper)
+        return EXIT_FAILED if keeper.fatal.is_set() else 0
 
     def _served(self) -> Served:
-        entry = self.cfg.models[0].path
+        entry = self.cfg.models[0]
         return Served(
             names=[m.name for m in self.cfg.models],
-            encoder=PromptEncoder(entry),
+            encoder=PromptEncoder(entry.path),
             max_model_len=self.cfg.max_model_len,
-            vocab_size=load_checkpoint_config(entry).vocab_size,
+            vocab_size=entry.checkpoint.config.vocab_size,
             created=int(time.time()),
         )
 
@@ -178,6 +203,14 @@ class Daemon:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(addr.path)  # a socket left by an instance that was killed
             site: web.BaseSite = web.UnixSite(runner, addr.path)
+            old = os.umask(0o177)  # the socket is created 0600: only our own user may steer
+            try:
+                await site.start()
+            except OSError as exc:
+                raise OSError(exc.errno, f"{addr}: {exc.strerror}") from None
+            finally:
+                os.umask(old)
+            return
         else:
             site = web.TCPSite(runner, addr.host, addr.port)
         try:
@@ -192,7 +225,7 @@ class Daemon:
             self.notifier.watchdog()
             await asyncio.sleep(self.notifier.watchdog_s)
 
-    async def _drain(self, hub: Hub, sup: Supervisor) -> None:
+    async def _drain(self, hub: Hub, keeper: EngineKeeper) -> None:
         grace = self.cfg.grace_s
         active = len(hub.gens)
         self.notifier.stopping(f"draining {active} requests")
@@ -201,7 +234,7 @@ class Daemon:
             hub.state, hub.reason = "draining", "server shutting down"
         if not await hub.drain(grace):
             log.warning("aborting %d requests still running after %.0f s", len(hub.gens), grace)
-        await sup.stop("server shutting down")
+        await keeper.stop("server shutting down")
         for runner in self.runners:
             await runner.cleanup()
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from trd.engines.checkpoint import load_config
 from trd.engines.request import Request
-from trd.engines.sampler import sample
-from trd.policies import PolicyContext, RoutingPolicy, StepView, make_policy
+from trd.engines.sampler import ban_early_stops, sample
+from trd.models.checkpoint import read_checkpoint
+from trd.policies.base import PolicyContext, RoutingPolicy, StepView
+from trd.policies.factory import make_policy
+from trd.policies.params import PolicySpec
 from trd.protocol import FinishReason, SamplingParams
 
 
@@ -33,19 +34,15 @@ class Trace:
 
 
 class ReferenceRouter:
-    def __init__(
-        self, paths: Sequence[Path], policy: str, params: dict[str, Any], dtype: str = "float64"
-    ) -> None:
+    def __init__(self, paths: Sequence[Path], policy: PolicySpec, dtype: str = "float64") -> None:
         tdtype = getattr(torch, dtype)
         self.models: list[PreTrainedModel] = [
             AutoModelForCausalLM.from_pretrained(p, dtype=tdtype, attn_implementation="sdpa").eval()
             for p in paths
         ]
-        self.eos = load_config(Path(paths[0])).eos_token_ids
+        self.eos = read_checkpoint(Path(paths[0])).config.eos_token_ids
         self.policies: list[RoutingPolicy] = [
-            make_policy(
-                policy, PolicyContext(i, len(paths), m.get_input_embeddings()), dict(params)
-            )
+            make_policy(policy, PolicyContext(i, len(paths), m.get_input_embeddings()))
             for i, m in enumerate(self.models)
         ]
 
@@ -56,6 +53,7 @@ class ReferenceRouter:
         while True:
             out = self.models[cur](torch.tensor([seq]), output_hidden_states=True)
             logits, hidden = out.logits[0, -1:], out.hidden_states[-1][0, -1:]
+            ban_early_stops(logits, [params], [len(trace.tokens)], self.eos)
             token = sample(logits, [params], [len(seq)])[0]
             trace.forwards += 1
             trace.fed[cur] = len(seq)
@@ -70,4 +68,6 @@ class ReferenceRouter:
                     trace.finish = FinishReason.LENGTH
                 if trace.finish is not FinishReason.NONE:
                     return trace
+            if route.dst != cur:
+                self.policies[route.dst].receive(req, self.policies[cur].send(req, route.dst))
             cur = route.dst

@@ -21,7 +21,9 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from trd.engines.request import Request
 from trd.engines.sampler import sample
-from trd.policies import PolicyContext, RoutingPolicy, StepView, make_policy
+from trd.policies.base import PolicyContext, RoutingPolicy, StepView
+from trd.policies.factory import make_policy
+from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 
 
@@ -42,7 +44,9 @@ class OfficialRouter:
             for p in paths
         ]
         self.policies: list[RoutingPolicy] = [
-            make_policy(policy, PolicyContext(i, len(paths), m.get_input_embeddings()), params)
+            make_policy(
+                PolicySpec(policy, params), PolicyContext(i, len(paths), m.get_input_embeddings())
+            )
             for i, m in enumerate(self.models)
         ]
 

@@ -21,6 +21,7 @@ import torch
 from aiohttp import web
 
 from trd.engines.engine import Engine
+from trd.engines.spec import EngineSpec
 from trd.policies.base import normalized_entropy
 from trd.protocol import SamplingParams
 
@@ -66,7 +67,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    server = Server(Engine(args.model, dtype="float32", kv_tokens=args.kv_tokens))
+    server = Server(Engine(EngineSpec.of(args.model, dtype="float32", kv_tokens=args.kv_tokens)))
 
     async def background(app: web.Application):  # type: ignore[no-untyped-def]
         task = asyncio.get_running_loop().create_task(server.loop())

@@ -1,37 +1,44 @@
 """A single-model engine: scheduler + model runner + sampler, stepped by the caller.
 
-    engine = Engine("models/small", dtype="float32")
+    engine = Engine(EngineSpec.of("models/small", dtype="float32"))
     rid = engine.add_request([1, 2, 3], SamplingParams(max_tokens=8))
     while engine.has_unfinished():
         for out in engine.step(): ...
 
-The routing engine process builds on `forward()`/`commit()`: it runs the forward,
-lets a policy decide what is committed, and commits that.
+The routing engine builds on `forward()`/`commit()`: it runs the forward, lets a policy
+decide what is committed, and commits that. A request whose data makes the forward or
+sampling fail is reported in `StepResult.failed`; the rest of its batch goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+
+import torch
 
 from trd.engines.pages import PageAllocator
 from trd.engines.request import Request, State
 from trd.engines.runner import ForwardOutput, ModelRunner
-from trd.engines.sampler import sample
-from trd.engines.scheduler import Scheduler
+from trd.engines.sampler import ban_early_stops, sample
+from trd.engines.scheduler import Scheduled, Scheduler
+from trd.engines.spec import EngineSpec
 from trd.protocol import FinishReason, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class TokenOutput:
     rid: int
-    token: int
+    token: int  # -1 when the request failed
     finish: FinishReason
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +47,7 @@ class StepResult:
     tokens: list[int]  # sampled candidate per completed item
     batch_size: int  # requests in the forward, completed or not
     fed: int  # tokens fed in the forward
+    failed: list[tuple[Request, str]]  # requests this step could not serve, and why
 
     @property
     def requests(self) -> list[Request]:
@@ -47,37 +55,12 @@ class StepResult:
 
 
 class Engine:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        kv_tokens: int = 32768,
-        page_size: int = 16,
-        max_batch_tokens: int = 1024,
-        max_batch_size: int = 64,
-        max_model_len: int | None = None,
-        attention: str = "auto",
-        cpu_linear: str = "torch",
-    ) -> None:
-        num_pages = -(-kv_tokens // page_size)
-        self.runner = ModelRunner(
-            Path(model_dir),
-            dtype=dtype,
-            device=device,
-            num_pages=num_pages,
-            page_size=page_size,
-            attention=attention,
-            cpu_linear=cpu_linear,
-        )
-        self.cfg = self.runner.cfg
-        limit = self.cfg.max_position_embeddings
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.runner = ModelRunner(spec)
+        self.cfg = spec.checkpoint.config
         self.scheduler = Scheduler(
-            PageAllocator(num_pages, page_size),
-            max_batch_tokens=max_batch_tokens,
-            max_batch_size=max_batch_size,
-            max_model_len=min(max_model_len or limit, limit),
+            PageAllocator(spec.kv_pages, spec.settings.page_size), spec.settings, spec.context
         )
         self._rids = itertools.count()
 
@@ -114,18 +97,44 @@ class Engine:
         return bool(self.scheduler.requests)
 
     # -- stepping ---------------------------------------------------------------------
+    @torch.inference_mode()
     def forward(self) -> StepResult | None:
         """Run one batch; advance anchors; sample a candidate for each completed feed."""
         batch = self.scheduler.schedule()
         if not batch:
             return None
-        out = self.runner.forward(batch)
+        out, failed = self._run(batch)
         for item in batch:
             item.req.kv_len += item.num_tokens
             item.req.fed_tokens += item.num_tokens
+        bad = (~torch.isfinite(out.logits).all(dim=-1)).tolist()
+        if any(bad):
+            failed += [(item.req, "the model produced non-finite logits (NaN or inf)")
+                       for item, b in zip(out.items, bad, strict=True) if b]  # fmt: skip
+            out = out.select([i for i, b in enumerate(bad) if not b])
         reqs = [item.req for item in out.items]
-        tokens = sample(out.logits, [r.params for r in reqs], [len(r.seq) for r in reqs])
-        return StepResult(out, tokens, len(batch), sum(i.num_tokens for i in batch))
+        params = [r.params for r in reqs]
+        ban_early_stops(out.logits, params, [r.num_output for r in reqs], self.cfg.eos_token_ids)
+        tokens = sample(out.logits, params, [len(r.seq) for r in reqs])
+        fed = sum(i.num_tokens for i in batch)
+        return StepResult(out, tokens, len(batch), fed, failed)
+
+    def _run(self, batch: list[Scheduled]) -> tuple[ForwardOutput, list[tuple[Request, str]]]:
+        """The batch's forward; if it raises, each request alone, so one bad one fails alone."""
+        try:
+            return self.runner.forward(batch), []
+        except Exception as exc:
+            if len(batch) == 1:
+                log.exception("forward failed for request %x", batch[0].req.rid)
+                return self.runner.empty_output(), [(batch[0].req, f"forward failed: {exc}")]
+        outs, failed = [], []
+        for item in batch:
+            try:
+                outs.append(self.runner.forward([item]))
+            except Exception as exc:
+                log.exception("forward failed for request %x", item.req.rid)
+                failed.append((item.req, f"forward failed: {exc}"))
+        return ForwardOutput.concat(outs, self.runner.empty_output()), failed
 
     def commit(self, req: Request, tokens: Sequence[int]) -> FinishReason:
         """Append committed tokens, stopping at the first stop condition; finish if met."""
@@ -152,6 +161,9 @@ class Engine:
         if result is None:
             return []
         outputs = []
+        for req, error in result.failed:
+            self.scheduler.finish(req)
+            outputs.append(TokenOutput(req.rid, -1, FinishReason.ERROR, error))
         for req, token in zip(result.requests, result.tokens, strict=True):
             outputs.append(TokenOutput(req.rid, token, self.commit(req, [token])))
         return outputs
@@ -164,6 +176,8 @@ class Engine:
         outs: dict[int, list[int]] = {rid: [] for rid in rids}
         while self.has_unfinished():
             for o in self.step():
+                if o.finish is FinishReason.ERROR:
+                    raise RuntimeError(f"request {o.rid} failed: {o.error}")
                 outs[o.rid].append(o.token)
         return [outs[rid] for rid in rids]
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from trd.engines.checkpoint import DTYPES, CheckpointError, ModelConfig, safetensors_files
 from trd.engines.model import CausalLM, Rope
+from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError
 
 # Buffers some exporters write that carry no weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -21,14 +19,15 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def load_model(model_dir: Path, cfg: ModelConfig, dtype: str, device: torch.device) -> CausalLM:
-    """Build the model on `device` with weights from `model_dir/*.safetensors` cast to dtype."""
+def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
+    """Build the model on `device` with the checkpoint's weights cast to dtype."""
+    cfg, model_dir = ckpt.config, ckpt.path
     tdtype = torch_dtype(dtype)
     with torch.device("meta"):
         model = CausalLM(cfg)
     expected = model.state_dict()
     weights: dict[str, torch.Tensor] = {}
-    for path in safetensors_files(model_dir):
+    for path in ckpt.weight_files:
         try:
             weights.update(load_file(path, device=str(device)))
         except (SafetensorError, OSError) as exc:
@@ -54,5 +53,5 @@ def load_model(model_dir: Path, cfg: ModelConfig, dtype: str, device: torch.devi
     model.load_state_dict({k: v.to(tdtype) for k, v in weights.items()}, assign=True)
     # The rope tables are derived, not loaded: build them for real on the device.
     with torch.device(device):
-        model.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        model.rope = Rope(cfg)
     return model.eval()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trd.engines.attention.base import AttentionBackend
-from trd.engines.checkpoint import ModelConfig
+from trd.models.checkpoint import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -36,10 +36,12 @@ class Rope(nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq
+        d, theta = cfg.head_dim, cfg.rope.theta
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
@@ -137,7 +139,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = DecoderStack(cfg)
-        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+        self.rope = Rope(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 

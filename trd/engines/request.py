@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from trd.protocol import FinishReason, SamplingParams
 
@@ -39,6 +40,7 @@ class Request:
     handoff_seq: int = 0
     forwards: int = 0
     handoff_latencies: list[float] = field(default_factory=list)
+    policy_state: Any = None  # whatever the routing policy keeps per request
 
     @property
     def num_output(self) -> int:
@@ -49,6 +51,8 @@ class Request:
         return len(self.seq) - self.kv_len
 
     def check(self) -> None:
-        """Anchors never run ahead of the committed sequence."""
+        """Neither the KV cache nor any anchor runs ahead of the committed sequence."""
         if not 0 <= self.kv_len <= len(self.seq):
             raise AssertionError(f"request {self.rid}: kv_len {self.kv_len} vs {len(self.seq)}")
+        if any(not 0 <= a <= len(self.seq) for a in self.anchors):
+            raise AssertionError(f"request {self.rid}: anchors {self.anchors} vs {len(self.seq)}")

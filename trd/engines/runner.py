@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from trd.engines.attention import BatchLayout, make_backend
-from trd.engines.checkpoint import ModelConfig, load_config
 from trd.engines.loader import load_model, torch_dtype
 from trd.engines.packed import onednn_available, pack_linears
 from trd.engines.scheduler import Scheduled
-from trd.engines.spec import CPU_LINEARS
+from trd.engines.spec import EngineSpec
 
 
 @dataclass(slots=True)
@@ -28,46 +26,47 @@ class ForwardOutput:
     logits: torch.Tensor  # (B, V) next-token logits for those items
     hidden: torch.Tensor  # (B, hidden) final-norm hidden state of their last token
 
+    def select(self, rows: list[int]) -> ForwardOutput:
+        index = torch.tensor(rows, dtype=torch.long, device=self.logits.device)
+        return ForwardOutput([self.items[i] for i in rows], self.logits[index], self.hidden[index])
 
-def check_cpu_linear(choice: str, device: torch.device, dtype: str) -> None:
-    if choice not in CPU_LINEARS:
-        raise ValueError(f"cpu_linear {choice!r} is not one of {CPU_LINEARS}")
-    if choice == "onednn" and (device.type != "cpu" or dtype != "float32"):
-        raise ValueError(
-            f"cpu_linear 'onednn' needs device cpu and dtype float32, got {device}, {dtype}"
+    @staticmethod
+    def concat(outs: list[ForwardOutput], empty: ForwardOutput) -> ForwardOutput:
+        outs = [empty, *outs]
+        return ForwardOutput(
+            [item for o in outs for item in o.items],
+            torch.cat([o.logits for o in outs]),
+            torch.cat([o.hidden for o in outs]),
         )
-    if choice == "onednn" and not onednn_available():
-        raise ValueError("cpu_linear 'onednn': this torch build has no oneDNN linear")
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model_dir: Path,
-        *,
-        dtype: str,
-        device: str,
-        num_pages: int,
-        page_size: int,
-        attention: str = "auto",
-        cpu_linear: str = "torch",
-    ) -> None:
-        self.model_dir = Path(model_dir)
-        self.device = torch.device(device)
-        self.dtype = torch_dtype(dtype)
-        check_cpu_linear(cpu_linear, self.device, dtype)
-        self.cfg: ModelConfig = load_config(self.model_dir)
-        self.model = load_model(self.model_dir, self.cfg, dtype, self.device)
-        if cpu_linear == "onednn":
+    def __init__(self, spec: EngineSpec) -> None:
+        self.device = torch.device(spec.device)
+        self.dtype = torch_dtype(spec.dtype)
+        # Softmax, top-p and entropies in half precision distort sampling and routing.
+        self.logits_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.cfg = spec.checkpoint.config
+        settings = spec.settings
+        if settings.cpu_linear == "onednn" and not onednn_available():
+            raise ValueError("engine.cpu_linear: 'onednn': this torch build has no oneDNN linear")
+        self.model = load_model(spec.checkpoint, spec.dtype, self.device)
+        if settings.cpu_linear == "onednn":
             pack_linears(self.model)
-        self.page_size = page_size
-        self.backend = make_backend(attention, self.device, self.cfg, self.dtype)
-        shape = (2, num_pages, page_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+        self.page_size = settings.page_size
+        self.backend = make_backend(settings.attention, self.device, self.cfg, self.dtype)
+        shape = (2, spec.kv_pages, self.page_size, self.cfg.num_kv_heads, self.cfg.head_dim)
         self.model_seconds = 0.0  # time inside the model forward, for overhead accounting
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device)
             for _ in range(self.cfg.num_layers)
         ]
+
+    def empty_output(self) -> ForwardOutput:
+        """No rows: what a step whose every request failed yields."""
+        logits = torch.empty(0, self.cfg.vocab_size, dtype=self.logits_dtype, device=self.device)
+        hidden = torch.empty(0, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+        return ForwardOutput([], logits, hidden)
 
     @torch.inference_mode()
     def forward(self, batch: list[Scheduled]) -> ForwardOutput:
@@ -92,6 +91,6 @@ class ModelRunner:
         ends = np.cumsum(lens) - 1
         done = [i for i, item in enumerate(batch) if item.completes]
         last = hidden[torch.from_numpy(ends[done]).to(self.device)]
-        logits = self.model.logits(last)
+        logits = self.model.logits(last).to(self.logits_dtype)
         self.model_seconds += time.perf_counter() - start
         return ForwardOutput([batch[i] for i in done], logits, last)

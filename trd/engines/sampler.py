@@ -3,6 +3,10 @@
 A sampled request draws its uniform number from (seed, position) alone, so the same
 seed gives the same tokens whatever else is in the batch, on whichever engine the
 position happens to be sampled (routing moves requests between engines).
+
+Any accepted temperature is safe: below SAMPLING_EPS a request is greedy (dividing by
+1e-45 overflows float32 logits to inf, and softmax of inf is NaN), and the index drawn
+is clamped into the kept tokens, so no row can index with -1.
 """
 
 from __future__ import annotations
@@ -12,20 +16,23 @@ from collections.abc import Sequence
 import torch
 
 from trd.protocol import SamplingParams
+from trd.rng import uniform
 
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+SAMPLING_EPS = 1e-5  # temperatures below this sample greedily, as vLLM does
 
 
-def uniform(seed: int, position: int) -> float:
-    """A uniform number in [0, 1) that depends only on (seed, position)."""
-    return (_splitmix64(_splitmix64(seed) ^ position) >> 11) * (1.0 / (1 << 53))
+def ban_early_stops(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    outputs: Sequence[int],
+    eos_ids: Sequence[int],
+) -> None:
+    """In place: rows with fewer than min_tokens outputs cannot pick eos or a stop id."""
+    for row, (p, n) in enumerate(zip(params, outputs, strict=True)):
+        if n < p.min_tokens:
+            banned = [t for t in (*p.stop_token_ids, *([] if p.ignore_eos else eos_ids))
+                      if t < logits.shape[-1]]  # fmt: skip
+            logits[row, banned] = -torch.inf
 
 
 def sample(
@@ -33,7 +40,7 @@ def sample(
 ) -> list[int]:
     """Pick one token per row of logits (B, V); `positions` index the token being made."""
     tokens = torch.argmax(logits, dim=-1)
-    rows = [i for i, p in enumerate(params) if p.temperature > 0]
+    rows = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
     if rows:
         tokens[rows] = _sample_rows(
             logits[rows], [params[i] for i in rows], [positions[i] for i in rows]
@@ -64,5 +71,5 @@ def _sample_rows(
     idx = torch.searchsorted(cum, target, right=True).clamp_(max=probs.shape[-1] - 1)
     # `right=True` can land on a zero-probability tail entry only through rounding;
     # clamp to the last kept rank so a masked token is never chosen.
-    idx = torch.minimum(idx, keep.sum(-1, keepdim=True) - 1)
+    idx = torch.minimum(idx, (keep.sum(-1, keepdim=True) - 1).clamp_(min=0))
     return order.gather(-1, idx).squeeze(-1)

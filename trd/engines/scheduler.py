@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from trd.engines.pages import PageAllocator
 from trd.engines.request import Request, State
+from trd.engines.spec import EngineSettings
 
 
 class RequestTooLarge(ValueError):
@@ -30,15 +31,11 @@ class Scheduled:
 
 class Scheduler:
     def __init__(
-        self,
-        allocator: PageAllocator,
-        max_batch_tokens: int,
-        max_batch_size: int,
-        max_model_len: int,
+        self, allocator: PageAllocator, settings: EngineSettings, max_model_len: int
     ) -> None:
         self.allocator = allocator
-        self.max_batch_tokens = max_batch_tokens
-        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = settings.max_batch_tokens
+        self.max_batch_size = settings.max_batch_size
         self.max_model_len = max_model_len
         self.requests: dict[int, Request] = {}  # every unfinished request this engine knows
         self.preemptions = 0

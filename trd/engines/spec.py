@@ -1,35 +1,128 @@
-"""What an engine process needs to start: a frozen, picklable description."""
+"""What an engine process is started with: one frozen, validated, picklable object.
+
+    EngineSettings   the config's `engine:` section; each key defined once, here, with its
+                     default, its check and its doc (the config reader reads these fields)
+    EngineSpec       one engine: its model (read once by the supervisor), dtype, device,
+                     KV pages from the memory plan, batching thresholds, the settings
+
+The daemon builds specs from the config (`trd/supervisor/deployment.py`); tests and
+benchmarks build them with `EngineSpec.of(path, ...)`. Nothing here imports torch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
+from trd.models.checkpoint import DTYPES, Checkpoint, read_checkpoint
+from trd.policies.params import PolicySpec
+
 CPU_LINEARS = ("torch", "onednn")  # how an engine runs its linear layers on CPU
+ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
+
+
+def setting(default: Any, doc: str, **check: Any) -> Any:
+    """A settings field: its default, a one-line doc and its check (low, choices, auto)."""
+    return field(default=default, metadata={"doc": doc, **check})
+
+
+class SettingError(ValueError):
+    """A setting out of range; the message is `section.key: value: reason`."""
+
+
+def check_settings(obj: Any, section: str) -> None:
+    """Check every field of a settings dataclass against its metadata."""
+    for f in fields(obj):
+        value, meta, key = getattr(obj, f.name), f.metadata, f"{section}.{f.name}"
+        if value is None and meta.get("auto"):
+            continue
+        if isinstance(f.default, bool):
+            if not isinstance(value, bool):
+                raise SettingError(f"{key}: {value!r}: expected true or false")
+        elif "choices" in meta:
+            if value not in meta["choices"]:
+                raise SettingError(f"{key}: {value!r}: expected one of {list(meta['choices'])}")
+        elif isinstance(f.default, int | float) or meta.get("auto"):
+            kind = int if isinstance(f.default, int) or meta.get("auto") else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                want = "an integer" if kind is int else "a number"
+                raise SettingError(f"{key}: {value!r}: expected {want}")
+            if value < meta.get("low", float("-inf")):
+                raise SettingError(f"{key}: {value!r}: must be >= {meta['low']}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    page_size: int = setting(16, "tokens per KV page", low=1)
+    max_batch_tokens: int = setting(1024, "tokens one forward feeds at most", low=1)
+    max_batch_size: int = setting(64, "requests one forward holds at most", low=1)
+    threads: int | None = setting(None, "torch threads per engine (auto: cores / engines)",
+                                  low=1, auto=True)  # fmt: skip
+    spin_ms: float = setting(20.0, "poll this long (not sleep) while a request is at a peer",
+                             low=0)  # fmt: skip
+    cpu_linear: str = setting("torch", "CPU linears: torch, or onednn (packed, float32 only)",
+                              choices=CPU_LINEARS)  # fmt: skip
+    attention: str = setting("auto", "attention backend: flashinfer on CUDA, torch on CPU",
+                             choices=ATTENTION_BACKENDS)  # fmt: skip
+    pending_kv: bool = setting(True, "ablation: false frees a request's KV when it leaves")
+    step_sync: bool = setting(False, "ablation: true puts a global barrier between steps")
+
+    def __post_init__(self) -> None:
+        check_settings(self, "engine")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    model: int  # index; 0 = the entry model that receives Submits
+    index: int  # 0 = the entry model, which receives Submits
     name: str
-    path: str
-    num_models: int
-    policy: str
-    policy_params: dict[str, Any] = field(default_factory=dict)
+    checkpoint: Checkpoint
+    kv_pages: int
     dtype: str = "float32"
     device: str = "cpu"
-    kv_tokens: int = 32768
-    page_size: int = 16
-    max_batch_tokens: int = 1024
-    max_batch_size: int = 64
-    max_model_len: int | None = None
-    attention: str = "auto"
-    cpu_linear: str = "torch"  # "onednn": oneDNN-packed float32 linears on CPU
+    num_models: int = 1
+    max_model_len: int = 0  # 0: the model's context
+    policy: PolicySpec = PolicySpec("scripted")  # noqa: RUF009 - frozen, shared safely
+    settings: EngineSettings = EngineSettings()
     threads: int = 1
     thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
     max_wait_ms: float = 20.0
-    spin_ms: float = 20.0  # poll (not sleep) this long while a request is at a peer
-    # Ablations, to measure what each mechanism buys (both off in normal serving):
-    pending_kv: bool = True  # False: free a request's KV when it leaves for a peer
-    step_sync: bool = False  # True: a global barrier between the engines' steps
-    env: dict[str, str] = field(default_factory=dict)  # e.g. CUDA MPS pipe directory
+    env: dict[str, str] = field(default_factory=dict)  # e.g. the CUDA MPS pipe directory
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported (choose from {DTYPES})")
+        if self.kv_pages < 1 or self.max_model_len < 0 or self.threads < 1:
+            raise ValueError(f"engine {self.name!r}: kv_pages, threads >= 1 and max_model_len >= 0")
+        if self.settings.cpu_linear == "onednn" and (
+            self.device != "cpu" or self.dtype != "float32"
+        ):
+            raise ValueError(
+                "engine.cpu_linear: 'onednn': needs device cpu and dtype float32, "
+                f"got {self.device}, {self.dtype}"
+            )
+
+    @property
+    def context(self) -> int:
+        """The longest sequence this engine serves."""
+        limit = self.checkpoint.config.max_position_embeddings
+        return min(self.max_model_len, limit) if self.max_model_len else limit
+
+    @classmethod
+    def of(
+        cls,
+        path: Path | str,
+        *,
+        kv_tokens: int = 32768,
+        policy: PolicySpec | None = None,
+        index: int = 0,
+        num_models: int = 1,
+        **rest: Any,
+    ) -> EngineSpec:
+        """A spec for the checkpoint at `path`; engine settings may be given by name."""
+        names = {f.name for f in fields(EngineSettings)}
+        settings = EngineSettings(**{k: rest.pop(k) for k in list(rest) if k in names})
+        ckpt = read_checkpoint(path)
+        pages = -(-kv_tokens // settings.page_size)
+        return cls(index, Path(path).name, ckpt, pages, num_models=num_models,
+                   policy=policy or PolicySpec("scripted"), settings=settings, **rest)  # fmt: skip

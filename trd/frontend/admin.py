@@ -1,6 +1,11 @@
 """The admin API that `trctl` talks to; it listens only on loopback or a unix socket.
 
-GET  /status       engines, memory plan, KV pages, active requests, rates, thresholds
+Loopback is not enough: any web page in the operator's browser can send a "simple"
+cross-origin request to 127.0.0.1. So every request that carries an `Origin` header is
+refused, a POST must be `application/json` (not a simple request), and with
+`admin_token` set every request needs `Authorization: Bearer <token>`.
+
+GET  /status       engines, memory plan, KV pages, MPS, active requests, rates, thresholds
 GET  /thresholds   delayed-batching thresholds: what is set and what each engine reports
 POST /thresholds   {"thresholds": {"large": [1, 2, 4]}, "max_wait_ms": 20}: apply live
 GET  /thresholds/recommend   the Markov model's best thresholds from live measurements
@@ -11,21 +16,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
 
 from trd.config import ConfigError, parse_thresholds
-from trd.frontend.app import openai_errors, read_json
-from trd.frontend.hub import Hub
+from trd.frontend.app import Handler, openai_errors, read_json
 from trd.frontend.openai_api import ApiError
 from trd.memplan.plan import MemoryPlan
-from trd.supervisor import Supervisor
+from trd.supervisor.hub import Hub
+from trd.supervisor.keeper import EngineKeeper
 from trd.thresholds.live import recommend_live
 
 log = logging.getLogger("trd.admin")
@@ -67,14 +74,44 @@ class Rates:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class MpsState:
+    state: str  # "off" | "running"
+    reason: str = ""  # why it is off
+    pid: int | None = None
+    pipe_dir: str = ""
+
+
+def guard(token: str) -> Any:
+    """Middleware refusing cross-origin and non-JSON requests, and missing tokens."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if "Origin" in request.headers:
+            raise ApiError(403, "the admin API refuses requests from web pages (Origin header)",
+                           code="forbidden")  # fmt: skip
+        if request.method == "POST" and request.content_type != "application/json":
+            got = request.content_type
+            raise ApiError(415, f"content type must be application/json, got {got!r}",
+                           code="unsupported_media_type")  # fmt: skip
+        if token:
+            sent = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+                raise ApiError(401, "missing or wrong admin token (Authorization: Bearer ...)",
+                               code="unauthorized")  # fmt: skip
+        return await handler(request)
+
+    return check
+
+
 class AdminApi:
-    def __init__(self, sup: Supervisor, hub: Hub, plan: MemoryPlan) -> None:
-        self.sup, self.hub, self.plan = sup, hub, plan
+    def __init__(self, sup: EngineKeeper, hub: Hub, plan: MemoryPlan, mps: MpsState) -> None:
+        self.sup, self.hub, self.plan, self.mps = sup, hub, plan, mps
         self.rates = Rates()
         self.started = time.time()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[openai_errors])
+        app = web.Application(middlewares=[openai_errors, guard(self.sup.cfg.admin_token)])
         app.router.add_get("/status", self.status)
         app.router.add_get("/thresholds", self.thresholds)
         app.router.add_post("/thresholds", self.set_thresholds)
@@ -87,7 +124,7 @@ class AdminApi:
 
     async def _recommendation(self) -> dict[str, Any]:
         stats = self.sup.engine_stats()
-        by_index = {s.model: stats[s.name] for s in self.sup.specs if s.name in stats}
+        by_index = {s.index: stats[s.name] for s in self.sup.specs if s.name in stats}
         if len(by_index) < len(self.sup.specs):
             raise ApiError(503, "not every engine has reported statistics yet", code="no_data")
         try:
@@ -97,7 +134,7 @@ class AdminApi:
             raise ApiError(
                 409, f"not enough live measurements yet: {exc}", code="no_data"
             ) from None
-        out["models"] = {s.name: out["table"][s.model] for s in self.sup.specs}
+        out["models"] = {s.name: out["table"][s.index] for s in self.sup.specs}
         return out
 
     async def recommend(self, request: web.Request) -> web.Response:
@@ -147,7 +184,8 @@ class AdminApi:
             total, used = s.get("kv_pages_total", mem.pages), s.get("kv_pages_used")
             tok_s, hand_s = rates.get(spec.name, (None, None))
             out.append({
-                "model": spec.model, "name": spec.name, "path": spec.path, "dtype": spec.dtype,
+                "model": spec.index, "name": spec.name, "path": str(spec.checkpoint.path),
+                "dtype": spec.dtype,
                 "device": spec.device, "pid": pid, "state": state, "kv_pages_total": total,
                 "kv_pages_used": used, "kv_pages_free": None if used is None else total - used,
                 "running": s.get("running"), "waiting": s.get("waiting"),
@@ -168,7 +206,7 @@ class AdminApi:
             "uptime_s": time.time() - self.started, "restarts": self.sup.restarts,
             "model": "+".join(s.name for s in self.sup.specs),
             "active_requests": len(self.hub.gens), "max_inflight": cfg.max_inflight,
-            "policy": {"name": cfg.policy, **cfg.policy_params},
+            "policy": {"name": cfg.policy.name, **cfg.policy.params}, "mps": asdict(self.mps),
             "handoffs_per_s": sum(handoffs) if handoffs else None,
             "engines": engines, "thresholds": self._threshold_view(),
             "memory_plan": self.plan.to_dict(), "memory_plan_table": self.plan.to_table(),
@@ -203,14 +241,16 @@ class AdminApi:
         wait = body.get("max_wait_ms", self.sup.specs[0].max_wait_ms)
         if not isinstance(raw, dict) or (not raw and "max_wait_ms" not in body):
             raise ApiError(400, "thresholds: expected a non-empty {model: [B, ...]} mapping")
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
-            raise ApiError(400, f"max_wait_ms: expected a number >= 0, got {wait!r}")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 60e3:
+            raise ApiError(400, f"max_wait_ms: expected a number in [0, 60000], got {wait!r}")
         try:
             wanted = {}
             for name, value in raw.items():
                 if name not in names:
                     raise ApiError(404, f"thresholds: no model {name!r} (models: {names})")
-                wanted[name] = parse_thresholds(f"thresholds.{name}", value)
+                wanted[name] = parse_thresholds(
+                    f"thresholds.{name}", value, self.sup.cfg.max_inflight
+                )
         except ConfigError as exc:
             raise ApiError(400, str(exc)) from None
         self.sup.set_thresholds(wanted, float(wait))

@@ -13,14 +13,12 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
 
-from trd.frontend.hub import Generation, Hub
 from trd.frontend.metrics import Metrics
 from trd.frontend.openai_api import ApiError, GenRequest, parse_chat, parse_completion
 from trd.frontend.responses import Shaper, Usage
@@ -28,6 +26,8 @@ from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
 from trd.logs import kv
 from trd.protocol import FinishReason, SamplingParams
+from trd.supervisor.generation import Generation
+from trd.supervisor.hub import Hub, Unavailable
 
 log = logging.getLogger("trd.frontend")
 
@@ -144,17 +144,21 @@ class OpenAIApi:
         self, request: web.Request, req: GenRequest, endpoint: str
     ) -> web.StreamResponse:
         prompt, params = await self._prompt(req)
-        gen = self.hub.submit(prompt, params)
+        try:
+            gen = self.hub.submit(prompt, params)
+        except Unavailable as exc:
+            raise ApiError(503, str(exc), code=exc.code, type="service_unavailable") from None
+        # The engines log the same hex id, so one grep follows a request everywhere.
         kind = "chatcmpl" if req.chat else "cmpl"
-        shaper = Shaper(req.chat, f"{kind}-{uuid.uuid4().hex}", self.served.model_id)
-        text = TextStream(self.served.encoder.decoder, req.stop)
+        shaper = Shaper(req.chat, f"{kind}-{gen.rid:x}", self.served.model_id)
+        text = TextStream(self.served.encoder.decoder, gen.tokens, req.stop)
         outcome = Outcome()
         try:
             if req.stream:
                 return await self._stream(request, req, gen, text, shaper, outcome)
             out = "".join([delta async for delta in self._texts(gen, text)])
             outcome.finish = self._finish_reason(gen, text)
-            return web.json_response(shaper.final(out, outcome.finish, self._usage(gen)))
+            return web.json_response(shaper.final(out, outcome.finish, self._usage(gen, text)))
         except ApiError as exc:
             outcome.status = exc.status
             raise
@@ -163,7 +167,7 @@ class OpenAIApi:
             raise
         finally:
             self.hub.release(gen)
-            self._record(shaper.id, endpoint, outcome, gen)
+            self._record(shaper.id, endpoint, outcome, gen, text)
 
     async def _stream(
         self,
@@ -188,7 +192,7 @@ class OpenAIApi:
             outcome.finish = self._finish_reason(gen, text)
             await send(shaper.chunk("", outcome.finish))
             if req.include_usage:
-                await send(shaper.usage_chunk(self._usage(gen)))
+                await send(shaper.usage_chunk(self._usage(gen, text)))
         except ApiError as exc:
             # Headers are sent: the error travels as an event (the openai client raises it).
             outcome.status = exc.status
@@ -197,10 +201,12 @@ class OpenAIApi:
         await resp.write_eof()
         return resp
 
-    def _record(self, rid: str, endpoint: str, outcome: Outcome, gen: Generation) -> None:
-        usage = self._usage(gen)
+    def _record(
+        self, rid: str, endpoint: str, outcome: Outcome, gen: Generation, text: TextStream
+    ) -> None:
+        usage = self._usage(gen, text)
         now = time.perf_counter()
-        ttft = None if gen.first_token_at is None else gen.first_token_at - gen.start
+        ttft = gen.ttft
         self.metrics.observe(endpoint, outcome.status, usage, ttft, now - gen.start)
         per_model = ",".join(f"{k}:{v}" for k, v in usage.tokens_per_model.items())
         log.info("request %s", kv(
@@ -212,15 +218,20 @@ class OpenAIApi:
         ))  # fmt: skip
 
     async def _texts(self, gen: Generation, text: TextStream) -> AsyncIterator[str]:
-        async for ids in gen.chunks():
-            delta = text.push(ids)
+        """The request's text as it is committed, until it ends or a stop string matches."""
+        while not gen.complete:
+            await gen.changed.wait()
+            gen.changed.clear()
+            delta = text.update()
             if delta:
                 yield delta
             if text.stopped:
                 return
-        if gen.finish in (FinishReason.ERROR, FinishReason.ABORT):
-            kind = "service_unavailable" if gen.error_status == 503 else "server_error"
-            raise ApiError(gen.error_status, gen.error or "aborted", type=kind, code="engine_error")
+        if gen.finish is FinishReason.ERROR:
+            kind = {503: "service_unavailable", 504: "timeout"}.get(
+                gen.error_status, "server_error"
+            )
+            raise ApiError(gen.error_status, gen.error, type=kind, code="engine_error")
         tail = text.finish()
         if tail:
             yield tail
@@ -229,5 +240,6 @@ class OpenAIApi:
     def _finish_reason(gen: Generation, text: TextStream) -> str:
         return "stop" if text.stopped or gen.finish is FinishReason.STOP else "length"
 
-    def _usage(self, gen: Generation) -> Usage:
-        return Usage.of(gen.prompt_len, gen.models, self.served.names)
+    def _usage(self, gen: Generation, text: TextStream) -> Usage:
+        # The tokens the client was served: a stop string ends the output early.
+        return Usage.of(gen.prompt_len, gen.models[: text.read], self.served.names)

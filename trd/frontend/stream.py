@@ -1,5 +1,8 @@
 """Output text of one request as its tokens arrive: UTF-8-safe and stop-string aware.
 
+The stream reads the request's own token list (it keeps no copy): `update()` decodes
+what was appended since the last call.
+
 Byte-level BPE splits a character across tokens ('ö' may be two tokens, each decoding
 to U+FFFD alone), so text is decoded over a window that begins a few tokens back:
 
@@ -23,21 +26,20 @@ _REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, stops: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, ids: Sequence[int], stops: Sequence[str] = ()) -> None:
         self.tok = tokenizer
         self.stops = tuple(stops)
-        self.ids: list[int] = []
+        self.ids = ids  # the request's output ids, appended to by its owner
         self.prefix = 0  # window start: context for decoding the new ids
-        self.read = 0  # ids before this are in `text`
+        self.read = 0  # ids before this are in `text` (= tokens the client has been served)
         self.text = ""
         self.sent = 0  # characters of `text` released
         self.stopped = False  # a stop string matched; `text` ends before it
 
-    def push(self, ids: Sequence[int]) -> str:
-        """Add tokens; return the text that became safe to send ("" if none)."""
+    def update(self) -> str:
+        """Decode the ids appended since; return the text that became safe to send."""
         if self.stopped:
             return ""
-        self.ids.extend(ids)
         self._decode(final=False)
         return self._release(final=False)
 

@@ -59,9 +59,12 @@ class Counters:
     def others_idle(self, engine: int) -> bool:
         return all(self._slots[1 + j] == 0 for j in range(self.num_engines) if j != engine)
 
-    def unlink(self) -> None:
-        """Owner only; safe to call twice."""
+    def close(self) -> None:
+        """Unmap; the owner also unlinks. Safe to call twice."""
         if self._shm is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._shm.unlink()
             self._shm = None
+        if not self._mm.closed:
+            del self._slots  # the view must go before the mapping can close
+            self._mm.close()

@@ -3,8 +3,8 @@
 Nodes are the front end (`FRONTEND`) and engines 0..E-1. Every ordered pair of
 distinct nodes gets one ring, since every pair talks:
 
-    frontend -> engine i   Submit, Abort
-    engine i -> frontend   Ready, Emit
+    frontend -> engine i   Submit, Abort, Control
+    engine i -> frontend   Ready, Emit, Done, Stats
     engine i -> engine j   PeerReq
 
 Each node owns one eventfd shared by all of its inbound rings, so an idle node

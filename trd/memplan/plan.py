@@ -15,29 +15,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from trd import devices
-from trd.memplan.checkpoint import ModelShape, dtype_size, weight_bytes
+from trd.models.checkpoint import Checkpoint, ModelConfig
 
 GIB = 1 << 30
 MIB = 1 << 20
 
-# flashinfer's attention wrappers ask for a fixed float workspace buffer.
+# flashinfer's attention wrappers ask for a fixed float workspace buffer (the backend
+# allocates exactly this).
 FLASHINFER_WORKSPACE_BYTES = 256 * MIB
-# CUDA graphs keep a private memory pool: a base plus a little per captured size.
-CUDA_GRAPH_BASE_BYTES = 64 * MIB
-CUDA_GRAPH_BYTES_PER_SIZE = 1 * MIB
 
 
-def kv_bytes_per_token(shape: ModelShape, dtype: str) -> int:
-    """Bytes one token occupies in the KV cache: a K and a V vector per layer and kv head."""
-    return shape.num_layers * shape.num_kv_heads * shape.head_dim * 2 * dtype_size(dtype)
-
-
-def reserve_bytes(
-    shape: ModelShape, device: str, max_batch_tokens: int, captured_graph_sizes: int
-) -> int:
+def reserve_bytes(cfg: ModelConfig, device: str, max_batch_tokens: int) -> int:
     """Memory a model needs beyond weights and KV cache, for one step of `max_batch_tokens`.
 
     Activations per token in flight: the residual stream and its normed, attention
@@ -45,14 +35,12 @@ def reserve_bytes(
     (2 x intermediate) and the logits (vocab). All are counted at 4 bytes: logits
     are float32, and for bf16 activations the factor 2 covers temporaries.
     Layers run one after another, so one layer's worth is live at a time.
-    On CUDA add flashinfer's workspace and the CUDA-graph pool for
-    `captured_graph_sizes` batch sizes; a CPU engine has neither.
+    On CUDA add flashinfer's workspace; a CPU engine has none.
     """
-    per_token = 4 * shape.hidden_size + 2 * shape.intermediate_size + shape.vocab_size
+    per_token = 4 * cfg.hidden_size + 2 * cfg.intermediate_size + cfg.vocab_size
     total = max_batch_tokens * per_token * 4
     if device.startswith("cuda"):
         total += FLASHINFER_WORKSPACE_BYTES
-        total += CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_BYTES_PER_SIZE * captured_graph_sizes
     return total
 
 
@@ -68,21 +56,15 @@ class ModelMem:
 
 
 def model_mem(
-    name: str,
-    model_dir: Path,
-    dtype: str,
-    device: str,
-    max_batch_tokens: int,
-    captured_graph_sizes: int,
+    name: str, ckpt: Checkpoint, dtype: str, device: str, max_batch_tokens: int
 ) -> ModelMem:
-    """What the checkpoint in `model_dir`, served in `dtype` on `device`, needs."""
-    shape = ModelShape.from_dir(model_dir)
+    """What `ckpt`, served in `dtype` on `device`, needs."""
     return ModelMem(
         name=name,
         device=device,
-        weight_bytes=weight_bytes(model_dir, dtype),
-        kv_bytes_per_token=kv_bytes_per_token(shape, dtype),
-        reserve_bytes=reserve_bytes(shape, device, max_batch_tokens, captured_graph_sizes),
+        weight_bytes=ckpt.weight_bytes(dtype),
+        kv_bytes_per_token=ckpt.config.kv_bytes_per_token(dtype),
+        reserve_bytes=reserve_bytes(ckpt.config, device, max_batch_tokens),
     )
 
 

@@ -32,6 +32,9 @@ QUIT_TIMEOUT_S = 10.0
 MAX_SOCKET_PATH = 107
 
 
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
 class MpsError(RuntimeError):
     """MPS could not be used; the message says which command failed and how."""
 
@@ -75,7 +78,7 @@ class MpsManager:
     def __init__(
         self,
         runtime_dir: Path,
-        binary: str = "nvidia-cuda-mps-control",
+        binary: str = MPS_CONTROL,
         active_thread_percentage: dict[str, int] | None = None,
     ) -> None:
         self.root = Path(runtime_dir) / "mps"
@@ -93,6 +96,11 @@ class MpsManager:
                 f"MPS pipe path {longest} exceeds {MAX_SOCKET_PATH} bytes; "
                 "use a shorter runtime directory"
             )
+
+    @property
+    def pid(self) -> int | None:
+        """The control daemon's pid, while it runs."""
+        return daemon_pid(self.pipe_dir)
 
     def _env(self) -> dict[str, str]:
         return {
@@ -150,7 +158,7 @@ class MpsManager:
         except MpsError:
             self.stop()
             raise
-        log.info("MPS control daemon %s running, pipe %s", daemon_pid(self.pipe_dir), self.pipe_dir)
+        log.info("MPS control daemon %s running, pipe %s", self.pid, self.pipe_dir)
 
     def _wait_answers(self) -> None:
         # The daemon forks before it binds its socket; retry until it answers.

@@ -6,7 +6,7 @@ import logging
 from typing import Literal
 
 from trd.devices import GpuInfo
-from trd.mps.manager import MpsError
+from trd.mps.manager import MPS_CONTROL, MpsError
 
 log = logging.getLogger(__name__)
 
@@ -17,23 +17,23 @@ INSTALL_HINT = (
 
 def resolve_mps(
     mode: Literal["auto", "required", "off"], gpus: list[GpuInfo], binary: str | None
-) -> bool:
-    """Whether to start MPS; `binary` is the control binary's path, None if not on PATH.
+) -> tuple[bool, str]:
+    """Whether to start MPS, and if not why; `binary` is the control binary's path or None.
 
     `auto` quietly falls back (one info line) when the GPU or the binary is
     missing; `required` raises MpsError naming what is missing.
     """
     if mode == "off":
-        return False
+        return False, "mps: off"
     missing = []
     if not gpus:
         missing.append("no GPU found by NVML")
     if binary is None:
-        missing.append(f"nvidia-cuda-mps-control is not on PATH ({INSTALL_HINT})")
+        missing.append(f"{MPS_CONTROL} is not on PATH ({INSTALL_HINT})")
     if not missing:
-        return True
+        return True, ""
     reason = "; ".join(missing)
     if mode == "required":
         raise MpsError(f"mps: required, but {reason}")
     log.info("MPS not used (mps: auto): %s", reason)
-    return False
+    return False, reason

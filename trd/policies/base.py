@@ -10,6 +10,10 @@ hidden states, sampled candidates) and returns one `Route` per request:
 Decisions are computed as tensor ops over the batch; only the destination indices and
 commit flags reach Python. Deduplication of peer messages is the engine's job (by
 `handoff_seq`), never a policy's, so a policy cannot break exactly-once delivery.
+
+A policy that carries per-request state across a handoff (a step-level router's mode,
+a router's features) writes it in `send` (bytes riding on the handoff) and reads it in
+`receive` (called once per handoff the engine accepted); both default to nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +22,21 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from trd.engines.request import Request
+
+class RequestView(Protocol):
+    """What a policy may read and keep of a request."""
+
+    rid: int
+    seq: list[int]  # prompt + committed output
+    prompt_len: int
+    policy_state: Any
+
+    @property
+    def num_output(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,33 +64,29 @@ class StepView:
     hidden: torch.Tensor  # (B, H)
     tokens: list[int]  # sampled candidates
 
+    def row(self, i: int) -> StepView:
+        return StepView(self.logits[i : i + 1], self.hidden[i : i + 1], self.tokens[i : i + 1])
+
 
 class RoutingPolicy(ABC):
     name: str = ""
 
-    def __init__(self, ctx: PolicyContext, **params: Any) -> None:
-        if params:
-            raise ValueError(f"policy {self.name!r}: unknown parameters {sorted(params)}")
+    def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx
 
     @abstractmethod
-    def route(self, reqs: Sequence[Request], step: StepView) -> list[Route]:
+    def route(self, reqs: Sequence[RequestView], step: StepView) -> list[Route]:
         """One route per request, in batch order."""
 
-    def describe(self) -> dict[str, Any]:
-        """The policy and its parameters, for `trctl status`."""
-        return {"name": self.name}
+    def send(self, req: RequestView, dst: int) -> bytes:
+        """What rides with `req`'s handoff to model `dst` (at most 64 KiB)."""
+        return b""
+
+    def receive(self, req: RequestView, extra: bytes) -> None:  # noqa: B027 - optional hook
+        """`req` arrived here with `extra` from the sender's `send`."""
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = -sum p log p / log V per row, in [0, 1]."""
     logp = torch.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1) / math.log(logits.shape[-1])
-
-
-def check_threshold(policy: str, key: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise ValueError(
-            f"policy {policy!r}: {key} must be a number in [{low}, {high}], got {value!r}"
-        )
-    return float(value)

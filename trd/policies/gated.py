@@ -12,24 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from trd.engines.request import Request
-from trd.policies.base import PolicyContext, Route, RoutingPolicy, StepView, check_threshold
+from trd.policies.base import PolicyContext, RequestView, Route, RoutingPolicy, StepView
 from trd.policies.heads import load_head
+from trd.policies.params import GatedParams
 
 
 class GatedPolicy(RoutingPolicy):
-    def __init__(
-        self, ctx: PolicyContext, head: str | Path = "", threshold: float = 0.5, **rest: Any
-    ) -> None:
-        super().__init__(ctx, **rest)
-        if ctx.num_models < 2:
-            raise ValueError(f"policy {self.name!r} needs at least two models")
-        self.tau = check_threshold(self.name, "threshold", threshold, 0.0, 1.0)
-        self.head_path = str(head)
+    def __init__(self, ctx: PolicyContext, params: GatedParams) -> None:
+        super().__init__(ctx)
+        self.tau = params.threshold
+        head = params.head
         self.head = load_head(Path(head), self.name) if ctx.model == 0 else None
         if self.head is None:
             return  # only the entry model scores positions
@@ -56,14 +51,11 @@ class GatedPolicy(RoutingPolicy):
             self.head = self.head.to(x.dtype, x.device)
         return self.head(x)
 
-    def route(self, reqs: Sequence[Request], step: StepView) -> list[Route]:
+    def route(self, reqs: Sequence[RequestView], step: StepView) -> list[Route]:
         if self.ctx.model != 0:
             return [Route(0, True) for _ in reqs]  # the large model makes one token, returns
         up = self.escalate(self.scores(step)).tolist()
         return [Route(self.ctx.last, False) if u else Route(0, True) for u in up]
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "threshold": self.tau, "head": self.head_path}
 
 
 class CiterPolicy(GatedPolicy):

@@ -11,29 +11,28 @@ the large one, which keeps the request until it is confident itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from trd.engines.request import Request
 from trd.policies.base import (
     PolicyContext,
+    RequestView,
     Route,
     RoutingPolicy,
     StepView,
-    check_threshold,
     normalized_entropy,
 )
+from trd.policies.params import RStitchParams
 
 
 class RStitchPolicy(RoutingPolicy):
     name = "rstitch"
 
-    def __init__(self, ctx: PolicyContext, threshold: float = 0.3, **rest: Any) -> None:
-        super().__init__(ctx, **rest)
-        self.tau = check_threshold(self.name, "threshold", threshold, 0.0, 1.0)
+    def __init__(self, ctx: PolicyContext, params: RStitchParams) -> None:
+        super().__init__(ctx)
+        self.tau = params.threshold
 
-    def route(self, reqs: Sequence[Request], step: StepView) -> list[Route]:
+    def route(self, reqs: Sequence[RequestView], step: StepView) -> list[Route]:
         m, last = self.ctx.model, self.ctx.last
         h = normalized_entropy(step.logits)
         unsure = h > self.tau
@@ -44,6 +43,3 @@ class RStitchPolicy(RoutingPolicy):
             dst = torch.where(~unsure, 0, dst)
         commit = ~unsure if m < last else torch.ones_like(unsure)
         return [Route(d, c) for d, c in zip(dst.tolist(), commit.tolist(), strict=True)]
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "threshold": self.tau}

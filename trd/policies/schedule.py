@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from trd.engines.request import Request
-from trd.engines.sampler import uniform
-from trd.policies.base import PolicyContext, Route, RoutingPolicy, StepView
+from trd.policies.base import PolicyContext, RequestView, Route, RoutingPolicy, StepView
+from trd.policies.params import EnsembleParams, ScriptedParams
+from trd.rng import uniform
 
 
 class OwnerSchedulePolicy(RoutingPolicy):
-    def owner(self, req: Request, position: int) -> int:
+    def owner(self, req: RequestView, position: int) -> int:
         raise NotImplementedError
 
-    def route(self, reqs: Sequence[Request], step: StepView) -> list[Route]:
+    def route(self, reqs: Sequence[RequestView], step: StepView) -> list[Route]:
         m = self.ctx.model
         routes = []
         for req in reqs:
@@ -42,44 +41,25 @@ class OwnerSchedulePolicy(RoutingPolicy):
 class ScriptedPolicy(OwnerSchedulePolicy):
     name = "scripted"
 
-    def __init__(self, ctx: PolicyContext, schedule: Sequence[int] = (0,), **rest: Any) -> None:
-        super().__init__(ctx, **rest)
-        sched = list(schedule)
-        if not sched or any(not isinstance(s, int) or not 0 <= s < ctx.num_models for s in sched):
-            raise ValueError(
-                f"policy 'scripted': schedule must list model indices in [0, {ctx.num_models}), "
-                f"got {schedule!r}"
-            )
-        self.schedule = sched
+    def __init__(self, ctx: PolicyContext, params: ScriptedParams) -> None:
+        super().__init__(ctx)
+        self.schedule = params.schedule
 
-    def owner(self, req: Request, position: int) -> int:
+    def owner(self, req: RequestView, position: int) -> int:
         return self.schedule[position % len(self.schedule)]
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "schedule": self.schedule}
 
 
 class EnsemblePolicy(OwnerSchedulePolicy):
     name = "ensemble"
 
-    def __init__(
-        self, ctx: PolicyContext, weights: Sequence[float] = (), seed: int = 0, **rest: Any
-    ) -> None:
-        super().__init__(ctx, **rest)
-        w = np.asarray(list(weights), dtype=np.float64)
-        if w.shape != (ctx.num_models,) or (w < 0).any() or w.sum() <= 0:
-            raise ValueError(
-                f"policy 'ensemble': weights must be {ctx.num_models} non-negative numbers "
-                f"with a positive sum, got {list(weights)!r}"
-            )
-        self.weights = (w / w.sum()).tolist()
-        self.cum = np.cumsum(w / w.sum())
-        self.seed = int(seed)
+    def __init__(self, ctx: PolicyContext, params: EnsembleParams) -> None:
+        super().__init__(ctx)
+        self.cum = np.cumsum(params.weights)
+        self.seed = params.seed
 
-    def owner(self, req: Request, position: int) -> int:
-        key = self.seed ^ zlib.crc32(np.asarray(req.seq[: req.prompt_len], np.int32).tobytes())
-        u = uniform(key, position)
+    def owner(self, req: RequestView, position: int) -> int:
+        if req.policy_state is None:  # the request's draw key, hashed once per engine
+            prompt = np.asarray(req.seq[: req.prompt_len], np.int32).tobytes()
+            req.policy_state = self.seed ^ zlib.crc32(prompt)
+        u = uniform(req.policy_state, position)
         return min(int(np.searchsorted(self.cum, u, side="right")), self.ctx.last)
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "weights": self.weights, "seed": self.seed}

@@ -6,13 +6,12 @@ bytes, strings as utf-8), in the order drawn below. No pickle: a frame from a pe
 another host is untrusted input, and `decode` turns every malformed frame into a
 `ProtocolError`.
 
-    params block P (33 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
-                            | seed i64 (-1 = None) | ignore_eos u8 | n_stop u32
-                            then stop_token_ids i32[n_stop]
+    params block P (41 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
+                            | seed i64 (-1 = None) | ignore_eos u8 | min_tokens u32
+                            | n_stop u32 then stop_token_ids i32[n_stop]
 
-    Submit  (tag 1):  tag u8 | ver u8 | rid u64 | arrival f64 | n_prompt u32
-                      | P | prompt i32[n_prompt]
-    PeerReq (tag 2):  tag u8 | ver u8 | rid u64 | src u8 | dst u8 | handoff_seq u32
+    Submit  (tag 1):  tag u8 | ver u8 | rid u64 | n_prompt u32 | P | prompt i32[n_prompt]
+    PeerReq (tag 2):  tag u8 | ver u8 | rid u64 | handoff_seq u32
                       | kind u8 | loc u32 | prompt_len u32 | sent_at f64 | n_tokens u32
                       | n_extra u32 | has_params u8 | n_anchors u8
                       | [P if has_params] | tokens i32[n_tokens] | anchors u32[n_anchors]
@@ -52,13 +51,13 @@ from trd.protocol.messages import (
     Submit,
 )
 
-VERSION = 1
+VERSION = 2
 _T_SUBMIT, _T_PEER, _T_EMIT, _T_ABORT, _T_READY, _T_DONE = 1, 2, 3, 4, 5, 6
 _T_STATS, _T_CONTROL = 7, 8
 MAX_MODELS = 255
-_PARAMS = struct.Struct("<IddIqBI")
-_SUBMIT = struct.Struct("<BBQdI")
-_PEER = struct.Struct("<BBQBBIBIIdIIBB")
+_PARAMS = struct.Struct("<IddIqBII")
+_SUBMIT = struct.Struct("<BBQI")
+_PEER = struct.Struct("<BBQIBIIdIIBB")
 _EMIT = struct.Struct("<BBQIBII")
 _ABORT = struct.Struct("<BBQ")
 _READY = struct.Struct("<BBBIIII")
@@ -82,8 +81,9 @@ def _raw(name: str, arr: np.ndarray, dtype: np.dtype = _I32) -> bytes:
 def _enc_params(p: SamplingParams) -> bytes:
     seed = -1 if p.seed is None else p.seed
     head = _PARAMS.pack(
-        p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, len(p.stop_token_ids)
-    )
+        p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, p.min_tokens,
+        len(p.stop_token_ids),
+    )  # fmt: skip
     n = len(p.stop_token_ids)
     return head + struct.pack(f"<{n}i", *p.stop_token_ids) if n else head
 
@@ -91,7 +91,7 @@ def _enc_params(p: SamplingParams) -> bytes:
 def _enc_submit(m: Submit) -> bytes:
     if len(m.prompt) == 0:
         raise ProtocolError("Submit.prompt must not be empty")
-    head = _SUBMIT.pack(_T_SUBMIT, VERSION, m.rid, m.arrival, len(m.prompt))
+    head = _SUBMIT.pack(_T_SUBMIT, VERSION, m.rid, len(m.prompt))
     return head + _enc_params(m.params) + _raw("Submit.prompt", m.prompt)
 
 
@@ -102,7 +102,7 @@ def _enc_peer(m: PeerReq) -> bytes:
     if len(m.anchors) > MAX_MODELS:
         raise ProtocolError(f"PeerReq.anchors has {len(m.anchors)} entries, limit {MAX_MODELS}")
     head = _PEER.pack(
-        _T_PEER, VERSION, m.rid, m.src, m.dst, m.handoff_seq, m.kind, m.loc, m.prompt_len,
+        _T_PEER, VERSION, m.rid, m.handoff_seq, m.kind, m.loc, m.prompt_len,
         m.sent_at, len(m.tokens), len(m.extra), m.params is not None, len(m.anchors),
     )  # fmt: skip
     params = b"" if m.params is None else _enc_params(m.params)
@@ -188,7 +188,9 @@ def _utf8(buf: memoryview, off: int, n: int, name: str) -> tuple[str, int]:
 def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
     if off + _PARAMS.size > len(buf):
         raise ProtocolError(f"truncated frame: sampling params end past {len(buf)} bytes")
-    max_tokens, temp, top_p, top_k, seed, ignore_eos, n_stop = _PARAMS.unpack_from(buf, off)
+    max_tokens, temp, top_p, top_k, seed, ignore_eos, min_tokens, n_stop = _PARAMS.unpack_from(
+        buf, off
+    )
     off += _PARAMS.size
     end = off + 4 * n_stop
     if end > len(buf):
@@ -198,7 +200,7 @@ def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
     try:
         params = SamplingParams(
             max_tokens, temp, top_p, top_k, None if seed == -1 else seed,
-            struct.unpack_from(f"<{n_stop}i", buf, off), bool(ignore_eos),
+            struct.unpack_from(f"<{n_stop}i", buf, off), bool(ignore_eos), min_tokens,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(f"invalid sampling params: {e}") from e
@@ -206,16 +208,16 @@ def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
 
 
 def _dec_submit(buf: memoryview) -> tuple[Message, int]:
-    _, _, rid, arrival, n_prompt = _SUBMIT.unpack_from(buf)
+    _, _, rid, n_prompt = _SUBMIT.unpack_from(buf)
     if n_prompt == 0:
         raise ProtocolError("Submit.prompt is empty")
     params, off = _dec_params(buf, _SUBMIT.size)
     prompt, off = _array(buf, off, n_prompt, _I32)
-    return Submit(rid, prompt, params, arrival), off
+    return Submit(rid, prompt, params), off
 
 
 def _dec_peer(buf: memoryview) -> tuple[Message, int]:
-    (_, _, rid, src, dst, seq, kind, loc, prompt_len, sent_at, n_tok, n_extra, has_params,
+    (_, _, rid, seq, kind, loc, prompt_len, sent_at, n_tok, n_extra, has_params,
      n_anchors) = _PEER.unpack_from(buf)  # fmt: skip
     if kind not in _PEER_KINDS:
         raise ProtocolError(f"bad PeerKind {kind}")
@@ -230,8 +232,8 @@ def _dec_peer(buf: memoryview) -> tuple[Message, int]:
     if end > len(buf):
         raise ProtocolError(f"truncated frame: extra needs {end} bytes, frame has {len(buf)}")
     extra = bytes(buf[off:end])
-    msg = PeerReq(rid, src, dst, seq, _PEER_KINDS[kind], loc, tokens, prompt_len, params, extra,
-                  sent_at, anchors)  # fmt: skip
+    msg = PeerReq(rid, seq, _PEER_KINDS[kind], loc, tokens, prompt_len, params, extra, sent_at,
+                  anchors)  # fmt: skip
     return msg, end
 
 

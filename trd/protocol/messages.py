@@ -40,10 +40,13 @@ class SamplingParams:
     seed: int | None = None  # None = unseeded
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0  # eos and stop ids cannot end the output before this many tokens
 
     def __post_init__(self) -> None:
         if not self.max_tokens >= 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
@@ -65,7 +68,6 @@ class Submit:
     rid: int
     prompt: np.ndarray  # int32 token ids, len >= 1
     params: SamplingParams
-    arrival: float  # time.time() seconds
 
 
 @dataclass(slots=True)
@@ -73,17 +75,21 @@ class PeerReq:
     """Engine -> engine: a handoff, finish or abort of one request."""
 
     rid: int
-    src: int  # model index
-    dst: int
     handoff_seq: int  # strictly increasing per request; stale or duplicate ones are ignored
     kind: PeerKind
     loc: int  # position in the full sequence (prompt + output) where `tokens` starts
-    tokens: np.ndarray  # int32: the suffix dst has not materialised
+    tokens: np.ndarray  # int32: the suffix the receiver has not materialised
     prompt_len: int
-    params: SamplingParams | None  # present on a request's first arrival at dst
+    params: SamplingParams | None  # present on a request's first arrival at the receiver
     extra: bytes  # policy-defined, <= MAX_EXTRA bytes
     sent_at: float  # time.perf_counter() at send, for handoff latency stats
     anchors: np.ndarray  # uint32, one per model (<= 255): committed tokens model j holds
+
+    @classmethod
+    def control(cls, kind: PeerKind, rid: int, handoff_seq: int) -> PeerReq:
+        """A FINISH or ABORT: no tokens, nothing to commit."""
+        empty = np.zeros(0, np.int32)
+        return cls(rid, handoff_seq, kind, 0, empty, 0, None, b"", 0.0, np.zeros(0, np.uint32))
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from trd.engines.attention.base import AttentionBackend, BatchLayout
-from trd.engines.checkpoint import ModelConfig
+from trd.models.checkpoint import ModelConfig
 
 __all__ = ["AttentionBackend", "BatchLayout", "make_backend"]
 

@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 from trd.engines.attention.base import AttentionBackend, BatchLayout, slot_indices
-
-WORKSPACE_BYTES = 256 * 1024 * 1024
+from trd.memplan.plan import FLASHINFER_WORKSPACE_BYTES
 
 
 class FlashInferPagedAttention(AttentionBackend):
@@ -23,7 +22,7 @@ class FlashInferPagedAttention(AttentionBackend):
     ) -> None:
         self.device = device
         self._dims = (heads, kv_heads, head_dim, dtype)
-        workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
         self._wrapper: (

@@ -1,35 +1,39 @@
-"""A group of engine processes wired by rings, driven without HTTP.
+"""A group of engine processes wired by rings, and the requests in flight on them.
 
     group = EngineGroup(specs); group.start()
-    rid = group.submit(prompt, params)
-    while not group.tracked[rid].complete: group.pump(timeout=1.0)
+    gen = group.submit(prompt, params)
+    while not gen.complete: group.pump(timeout=1.0)
     group.close()
 
-Used by the tests, the benchmarks and the daemon's front end. `pump` reads whatever
-the engines sent, feeds the trackers and notices dead engines: requests in flight then
-fail with an error naming the engine, and the survivors are told to free them.
+Used by the daemon (driven from its event loop through `on_readable`), the tests and
+the benchmarks (driven by `pump`). Nothing here blocks: a frame for a full ring waits
+in a queue that `flush` (called on every pump / wake-up, and by the daemon's timer
+while anything waits) retries in order. An engine that dies fails its requests with an
+error naming it, and the survivors are told to free them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import multiprocessing as mp
 import os
 import secrets
 import select
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 import numpy as np
 
+from trd.engines.boot import engine_process
 from trd.engines.spec import EngineSpec
-from trd.engines.tracker import Tracked
 from trd.ipc.counters import Counters
 from trd.ipc.mesh import Mesh
 from trd.ipc.names import FRONTEND, cleanup_stale, instance_prefix
+from trd.ipc.ring import RingClosed
 from trd.protocol import (
     Abort,
     Control,
@@ -44,12 +48,9 @@ from trd.protocol import (
     decode,
     encode,
 )
+from trd.supervisor.generation import Generation
 
-Listener = Callable[[Tracked, list[tuple[int, int]]], None]
-
-
-class Overloaded(RuntimeError):
-    """The entry engine cannot take another request right now."""
+log = logging.getLogger("trd.group")
 
 
 class EngineStartError(RuntimeError):
@@ -64,43 +65,44 @@ class EngineGroup:
         self.ring_capacity = ring_capacity
         self.procs: list[BaseProcess] = []
         self.ready: dict[int, Ready] = {}
-        self.tracked: dict[int, Tracked] = {}
+        self.gens: dict[int, Generation] = {}
         self.dead: dict[int, str] = {}
         self.stats: dict[int, dict[str, Any]] = {}  # latest Stats body per engine
-        self.listener: Listener | None = None  # called with newly released tokens
+        # Request ids: a random high half per group, so ids never repeat across restarts
+        # and a log line's id names one request of one daemon.
+        self._rid_base = secrets.randbits(31) << 32
         self._rid = 0
+        self._queued: dict[int, deque[bytes]] = {}
+        self.on_queued: Callable[[], None] = lambda: None  # a frame waits for ring space
         self.mesh: Mesh | None = None
         self.counters: Counters | None = None
 
     # -- lifecycle --------------------------------------------------------------------
-    def start(self, timeout: float = 300.0) -> None:
+    def start(self, timeout: float = 300.0, cancelled: Callable[[], bool] = lambda: False) -> None:
         cleanup_stale()
         self.prefix = instance_prefix(os.getpid(), secrets.token_hex(4))
         self.mesh = Mesh(self.prefix, len(self.specs), self.ring_capacity)
         self.counters = Counters.create(self.prefix + "counters", len(self.specs))
         self.endpoint = self.mesh.endpoint(FRONTEND)
-        # Imported here: the engine pulls in torch, which the supervisor never needs.
-        from trd.engines.worker import engine_main
-
+        self._queued = {spec.index: deque() for spec in self.specs}
         ctx = mp.get_context("spawn")
         try:
             for spec in self.specs:
-                proc = ctx.Process(
-                    target=engine_main,
-                    args=(spec, self.mesh.endpoint(spec.model), self.counters),
-                    name=f"trd-engine-{spec.name}",
-                    daemon=True,
-                )
+                args = (os.getpid(), spec, self.mesh.endpoint(spec.index), self.counters)
+                proc = ctx.Process(target=engine_process, args=args,
+                                   name=f"trd-engine-{spec.name}", daemon=True)  # fmt: skip
                 proc.start()
                 self.procs.append(proc)
-            self._await_ready(timeout)
+            self._await_ready(timeout, cancelled)
         except BaseException:
             self.close()
             raise
 
-    def _await_ready(self, timeout: float) -> None:
+    def _await_ready(self, timeout: float, cancelled: Callable[[], bool]) -> None:
         deadline = time.monotonic() + timeout
         while len(self.ready) < len(self.specs):
+            if cancelled():
+                raise EngineStartError("the daemon stopped while the engines were starting")
             for msg in self._drain():
                 if isinstance(msg, Ready):
                     if msg.error:
@@ -108,13 +110,13 @@ class EngineGroup:
                         raise EngineStartError(f"engine {name!r} failed to start: {msg.error}")
                     self.ready[msg.model] = msg
             for spec, proc in zip(self.specs, self.procs, strict=True):
-                if spec.model not in self.ready and proc.exitcode is not None:
+                if spec.index not in self.ready and proc.exitcode is not None:
                     raise EngineStartError(
                         f"engine {spec.name!r} exited with code {proc.exitcode} before it was ready"
                     )
             left = deadline - time.monotonic()
             if left <= 0:
-                missing = [s.name for s in self.specs if s.model not in self.ready]
+                missing = [s.name for s in self.specs if s.index not in self.ready]
                 raise EngineStartError(f"engines {missing} not ready after {timeout:.0f} s")
             self._sleep(min(left, 0.5))
 
@@ -133,44 +135,70 @@ class EngineGroup:
             self.mesh.unlink_all()
             self.mesh = None
         if self.counters is not None:
-            self.counters.unlink()
+            self.counters.close()
+            self.counters = None
 
     # -- requests ---------------------------------------------------------------------
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> int:
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
         if self.dead:
             raise RuntimeError(f"engine group is degraded: {'; '.join(self.dead.values())}")
         self._rid += 1
-        rid = self._rid
-        self.tracked[rid] = Tracked(rid)
-        msg = Submit(rid, np.asarray(prompt, dtype=np.int32), params, time.time())
-        assert self.mesh is not None, "start() first"
-        if not self.endpoint.outbound[0].try_put(encode(msg)):
-            del self.tracked[rid]
-            raise Overloaded("the entry engine's inbound ring is full")
-        return rid
+        gen = Generation(self._rid_base | self._rid, len(prompt))
+        self.gens[gen.rid] = gen
+        self._send(0, Submit(gen.rid, np.asarray(prompt, dtype=np.int32), params))
+        return gen
 
     def abort(self, rid: int) -> None:
-        tracked = self.tracked.pop(rid, None)
-        if tracked is not None and not tracked.complete:
+        """The client is gone: every live engine frees the request."""
+        gen = self.gens.pop(rid, None)
+        if gen is not None and not gen.complete:
             for spec in self.specs:
-                if spec.model not in self.dead:
-                    self._send(spec.model, Abort(rid))
+                if spec.index not in self.dead:
+                    self._send(spec.index, Abort(rid))
 
-    def forget(self, rid: int) -> Tracked | None:
-        return self.tracked.pop(rid, None)
+    def forget(self, rid: int) -> Generation | None:
+        return self.gens.pop(rid, None)
+
+    def fail_stalled(self, limit_s: float) -> list[Generation]:
+        """Fail the requests no engine has reported on for `limit_s` seconds."""
+        now = time.monotonic()
+        gens = self.gens.values()
+        stalled = [g for g in gens if not g.complete and now - g.progress_at > limit_s]
+        for gen in stalled:
+            gen.fail(f"no progress from the engines for {limit_s:.0f} s", status=504)
+            self.abort(gen.rid)
+        return stalled
 
     def set_active(self, n: int) -> None:
         """Publish the number of active requests (indexes the batching thresholds)."""
         if self.counters is not None:
             self.counters.set_active(n)
 
+    def control(self, model: int, body: dict[str, Any]) -> None:
+        """Send a JSON command to one engine (it answers with a fresh Stats)."""
+        self._send(model, Control(json.dumps(body)))
+
+    # -- outbound, never blocking -----------------------------------------------------
     def _send(self, node: int, msg: Message) -> None:
-        assert self.mesh is not None, "start() first"
-        self.endpoint.outbound[node].put(encode(msg), timeout=30.0)
+        self._queued[node].append(encode(msg))
+        if self.flush():
+            self.on_queued()
+
+    def flush(self) -> bool:
+        """Put queued frames into their rings, in order; True while some still wait."""
+        for node, queue in self._queued.items():
+            ring = self.endpoint.outbound[node]
+            try:
+                while queue and ring.try_put(queue[0]):
+                    queue.popleft()
+            except RingClosed:
+                queue.clear()  # the engine is dead; its requests are failed already
+        return any(self._queued.values())
 
     # -- inbound ----------------------------------------------------------------------
     def pump(self, timeout: float = 0.0) -> int:
         """Handle everything the engines sent, waiting up to `timeout` for something."""
+        self.flush()
         msgs = self._drain()
         if not msgs and timeout > 0:
             self._sleep(timeout)
@@ -180,20 +208,28 @@ class EngineGroup:
         self._check_engines()
         return len(msgs)
 
+    def on_readable(self) -> None:
+        """Reader callback for the wake-up fd (and the sentinels): handle everything the
+        engines sent, then re-arm the sleep flags so the next frame signals the fd."""
+        self.endpoint.wake()
+        self.flush()
+        while True:
+            for msg in self._drain():
+                self._dispatch(msg)
+            self._check_engines()
+            if self.endpoint.prepare_sleep():
+                return
+
     def _dispatch(self, msg: Message) -> None:
-        if isinstance(msg, Emit):
-            tracked = self.tracked.get(msg.rid)
-            if tracked is not None:
-                released = tracked.on_emit(msg)
-                if self.listener is not None and (released or tracked.complete):
-                    self.listener(tracked, released)
-        elif isinstance(msg, Done):
-            tracked = self.tracked.get(msg.rid)
-            if tracked is not None:
-                tracked.on_done(msg)
+        if isinstance(msg, Emit | Done):
+            gen = self.gens.get(msg.rid)
+            if gen is not None:
+                (gen.on_emit if isinstance(msg, Emit) else gen.on_done)(msg)  # type: ignore[arg-type]
         elif isinstance(msg, Stats):
-            with contextlib.suppress(json.JSONDecodeError):
+            try:
                 self.stats[msg.model] = json.loads(msg.body)
+            except json.JSONDecodeError as exc:
+                log.error("engine %d sent unreadable stats: %s", msg.model, exc)
 
     def _drain(self) -> list[Message]:
         msgs = []
@@ -201,8 +237,8 @@ class EngineGroup:
             for frame in ring.get_all():
                 try:
                     msgs.append(decode(frame))
-                except ProtocolError:
-                    continue  # our own engines never send these; nothing to recover
+                except ProtocolError as exc:
+                    log.error("dropped a malformed frame from %s: %s", ring.name, exc)
         return msgs
 
     def _sleep(self, timeout: float) -> None:
@@ -213,24 +249,19 @@ class EngineGroup:
 
     def _check_engines(self) -> None:
         for spec, proc in zip(self.specs, self.procs, strict=True):
-            if spec.model in self.dead or proc.exitcode is None:
+            if spec.index in self.dead or proc.exitcode is None:
                 continue
             reason = f"engine {spec.name!r} (pid {proc.pid}) died with exit code {proc.exitcode}"
-            self.dead[spec.model] = reason
+            self.dead[spec.index] = reason
             assert self.mesh is not None
             for (_, dst), ring in self.mesh.rings.items():
-                if dst == spec.model:
+                if dst == spec.index:
                     ring.mark_closed()  # peers sending to it fail fast instead of waiting
-            for tracked in self.tracked.values():
-                if not tracked.complete:
-                    tracked.fail(reason)
-                    if self.listener is not None:
-                        self.listener(tracked, [])
-                    for other in self.specs:
-                        if other.model not in self.dead:
-                            self._send(other.model, Abort(tracked.rid))
+            for gen in list(self.gens.values()):
+                if not gen.complete:
+                    gen.fail(reason)
+                    self.abort(gen.rid)
 
-    # -- asyncio integration ------------------------------------------------------------
     @property
     def wakeup_fd(self) -> int:
         return self.endpoint.wakeup.fileno()
@@ -240,47 +271,33 @@ class EngineGroup:
         """Readable when the corresponding engine process exits."""
         return [p.sentinel for p in self.procs]
 
-    def on_readable(self) -> None:
-        """Reader callback for `wakeup_fd` (and the sentinels): handle everything the
-        engines sent, then re-arm the sleep flags so the next frame signals the fd."""
-        self.endpoint.wake()
-        while True:
-            for msg in self._drain():
-                self._dispatch(msg)
-            self._check_engines()
-            if self.endpoint.prepare_sleep():
-                return
-
-    def control(self, model: int, body: dict[str, Any]) -> None:
-        """Send a JSON command to one engine (it answers with a fresh Stats)."""
-        self._send(model, Control(json.dumps(body)))
-
 
 def run_closed_loop(
     group: EngineGroup,
     jobs: Sequence[tuple[Sequence[int], SamplingParams]],
     concurrency: int,
     timeout: float = 600.0,
-) -> list[Tracked]:
+) -> list[Generation]:
     """Keep `concurrency` jobs in flight (a finished one is replaced at once); in job order.
 
     A job is complete when its tokens are in and every engine that held it has
     reported freeing it (so per-engine work counts are final).
     """
-    results: list[Tracked | None] = [None] * len(jobs)
+    results: list[Generation | None] = [None] * len(jobs)
     inflight: dict[int, int] = {}
     nxt = 0
     deadline = time.monotonic() + timeout
     while nxt < len(jobs) or inflight:
         while nxt < len(jobs) and len(inflight) < concurrency:
-            inflight[group.submit(*jobs[nxt])] = nxt
+            inflight[group.submit(*jobs[nxt]).rid] = nxt
             nxt += 1
         group.set_active(len(inflight))
         group.pump(timeout=0.05)
-        for rid in [r for r in inflight if group.tracked[r].complete]:
-            tracked = group.tracked[rid]
-            if tracked.all_done or tracked.error:
-                results[inflight.pop(rid)] = group.forget(rid)
+        for rid in list(inflight):
+            gen = group.gens[rid]
+            if gen.complete and (gen.all_done or gen.error):
+                group.forget(rid)
+                results[inflight.pop(rid)] = gen
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(inflight)} requests still in flight after {timeout} s")
     return [r for r in results if r is not None]

@@ -1,7 +1,7 @@
-"""From a validated config to what the supervisor starts: device, MPS, memory plan, specs.
+"""A deployment: what a validated config becomes on this host before anything starts.
 
     probe devices (NVML; none = CPU) -> decide MPS -> joint memory plan -> one EngineSpec
-    per model, its KV capacity = its planned pages x page size
+    per model, its KV pages from the plan
 
 Nothing here starts a process, so `tokenrouterd --check` runs it to print the plan.
 """
@@ -15,15 +15,15 @@ from trd import devices
 from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError
 from trd.engines.spec import EngineSpec
 from trd.memplan.plan import MemoryPlan, ModelMem, device_budget, model_mem, plan_memory
+from trd.mps.manager import MPS_CONTROL
 from trd.mps.resolve import resolve_mps
-
-MPS_BINARY = "nvidia-cuda-mps-control"
 
 
 @dataclass(frozen=True)
-class Launch:
+class Deployment:
     device: str  # "cpu" or "cuda:N"
     use_mps: bool
+    mps_reason: str  # why MPS is off, for `trctl status`
     plan: MemoryPlan
     specs: tuple[EngineSpec, ...]
 
@@ -54,16 +54,16 @@ def _budget(cfg: Config, device: str, mems: list[ModelMem]) -> int:
     return min(budget, fixed + cap * sum(m.kv_bytes_per_token for m in mems))
 
 
-def plan_launch(cfg: Config) -> Launch:
+def plan_deployment(cfg: Config) -> Deployment:
     """Decide device and MPS and plan memory; PlanError when the models do not fit."""
     gpus = devices.probe_gpus() if cfg.device != "cpu" else []
     device = resolve_device(cfg.device, gpus)
     # A CPU deployment has no GPU for MPS, even on a host that has one.
-    use_mps = resolve_mps(cfg.mps, gpus if device != "cpu" else [], shutil.which(MPS_BINARY))
-    # One CUDA graph per decode batch size at most; a CPU engine captures none.
-    graphs = 0 if device == "cpu" else cfg.engine.max_batch_size
+    use_mps, mps_reason = resolve_mps(
+        cfg.mps, gpus if device != "cpu" else [], shutil.which(MPS_CONTROL)
+    )
     mems = [
-        model_mem(m.name, m.path, m.dtype, device, cfg.engine.max_batch_tokens, graphs)
+        model_mem(m.name, m.checkpoint, m.dtype, device, cfg.engine.max_batch_tokens)
         for m in cfg.models
     ]
     plan = plan_memory(
@@ -71,27 +71,20 @@ def plan_launch(cfg: Config) -> Launch:
     )
     specs = tuple(
         EngineSpec(
-            model=i,
+            index=i,
             name=m.name,
-            path=str(m.path),
-            num_models=len(cfg.models),
-            policy=cfg.policy,
-            policy_params=dict(cfg.policy_params),
+            checkpoint=m.checkpoint,
+            kv_pages=mp.pages,
             dtype=m.dtype,
             device=device,
-            kv_tokens=mp.pages * cfg.engine.page_size,
-            page_size=cfg.engine.page_size,
-            max_batch_tokens=cfg.engine.max_batch_tokens,
-            max_batch_size=cfg.engine.max_batch_size,
+            num_models=len(cfg.models),
             max_model_len=cfg.max_model_len,
+            policy=cfg.policy,
+            settings=cfg.engine,
             threads=cfg.threads(),
             thresholds=cfg.thresholds.get(m.name, (1,)),
             max_wait_ms=cfg.max_wait_ms,
-            spin_ms=cfg.engine.spin_ms,
-            cpu_linear=cfg.engine.cpu_linear,
-            pending_kv=cfg.engine.pending_kv,
-            step_sync=cfg.engine.step_sync,
         )
         for i, (m, mp) in enumerate(zip(cfg.models, plan.models, strict=True))
     )
-    return Launch(device, use_mps, plan, specs)
+    return Deployment(device, use_mps, mps_reason, plan, specs)

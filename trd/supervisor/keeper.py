@@ -7,14 +7,16 @@
 
 The group's fds (the front end's wakeup eventfd, one sentinel per engine process) are
 loop readers. When an engine dies, the group has already failed its in-flight requests;
-the supervisor closes the whole group (unlinking its rings) and starts a new one after
-a backoff. `max_retries` restarts in a row are allowed; the count starts over once a
-group has served for RESET_AFTER_S.
+the keeper closes the whole group (unlinking its rings) and starts a new one after a
+backoff. `max_retries` restarts in a row are allowed; the count starts over once a
+group has served for RESET_AFTER_S. A housekeeping task retries frames queued for
+full rings and fails requests the engines stopped reporting on (`stall_timeout_s`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -22,18 +24,20 @@ from dataclasses import replace
 from typing import Any
 
 from trd.config import Config
-from trd.engines.group import EngineGroup, EngineStartError
 from trd.engines.spec import EngineSpec
-from trd.frontend.hub import Hub, State
 from trd.logs import StderrTap
+from trd.supervisor.group import EngineGroup, EngineStartError
+from trd.supervisor.hub import Hub, State
 
-log = logging.getLogger("trd.supervisor")
+log = logging.getLogger("trd.keeper")
 
 START_TIMEOUT_S = 600.0  # loading a large checkpoint from a cold disk takes minutes
 RESET_AFTER_S = 300.0
+QUEUED_RETRY_S = 0.002  # while frames wait for ring space
+HOUSEKEEPING_S = 0.5
 
 
-class Supervisor:
+class EngineKeeper:
     def __init__(
         self, cfg: Config, specs: tuple[EngineSpec, ...], hub: Hub, tap: StderrTap | None
     ) -> None:
@@ -46,6 +50,7 @@ class Supervisor:
         self.fatal: asyncio.Event = asyncio.Event()
         self.fatal_reason = ""
         self._restarting: asyncio.Task[None] | None = None
+        self._housekeeping: asyncio.Task[None] | None = None
         self._stopping = False
 
     # -- start / stop -------------------------------------------------------------------
@@ -57,11 +62,11 @@ class Supervisor:
     def _start_group(self) -> EngineGroup:
         group = EngineGroup(self.specs)
         try:
-            group.start(timeout=START_TIMEOUT_S)
+            group.start(timeout=START_TIMEOUT_S, cancelled=lambda: self._stopping)
         except EngineStartError as exc:
             raise EngineStartError(self._with_log_lines(str(exc))) from None
         if self._stopping:
-            # stop() came while this thread was starting engines nobody will attach now.
+            # stop() came just as the engines became ready: nobody will attach them now.
             group.close()
             raise EngineStartError("the daemon stopped while the engines were starting")
         return group
@@ -77,6 +82,10 @@ class Supervisor:
             if lines:
                 message += f"\nlast log lines of engine {name!r}:\n  " + "\n  ".join(lines)
         return message
+
+    def cancel_start(self) -> None:
+        """Give up a start in progress: the engines being loaded are stopped."""
+        self._stopping = True
 
     async def stop(self, reason: str) -> None:
         """Fail what is still running, stop the engines, unlink every ring."""
@@ -95,6 +104,7 @@ class Supervisor:
             loop.add_reader(fd, self._on_readable)
         self.hub.attach(group)
         group.on_readable()  # arms the sleep flags so the next frame signals the fd
+        self._housekeeping = loop.create_task(self._housekeep(group))
 
     def _detach(self, state: State, reason: str) -> EngineGroup | None:
         group, self.group = self.group, None
@@ -102,8 +112,30 @@ class Supervisor:
             loop = asyncio.get_running_loop()
             for fd in (group.wakeup_fd, *group.sentinels):
                 loop.remove_reader(fd)
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            self._housekeeping = None
         self.hub.detach(state, reason)
         return group
+
+    async def _housekeep(self, group: EngineGroup) -> None:
+        """Retry frames waiting for ring space; fail requests the engines went silent on."""
+        stall = self.cfg.stall_timeout_s
+        queued = asyncio.Event()
+        group.on_queued = queued.set
+        last_check = 0.0
+        while True:
+            queued.clear()
+            if group.flush():
+                await asyncio.sleep(QUEUED_RETRY_S)
+                continue
+            now = time.monotonic()
+            if now - last_check >= HOUSEKEEPING_S:
+                last_check = now
+                for gen in group.fail_stalled(stall):
+                    log.error("request %x failed: no progress for %.0f s", gen.rid, stall)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(queued.wait(), HOUSEKEEPING_S)
 
     def _on_readable(self) -> None:
         group = self.group
@@ -163,9 +195,9 @@ class Supervisor:
         if self.group is None:
             return
         for spec in self.specs:
-            if spec.model not in self.group.dead:
+            if spec.index not in self.group.dead:
                 self.group.control(
-                    spec.model,
+                    spec.index,
                     {"op": "set_thresholds", "thresholds": list(spec.thresholds),
                      "max_wait_ms": spec.max_wait_ms},
                 )  # fmt: skip
@@ -175,13 +207,14 @@ class Supervisor:
         """The latest Stats body of each live engine, by model name."""
         if self.group is None:
             return {}
-        names = {s.model: s.name for s in self.specs}
+        names = {s.index: s.name for s in self.specs}
         return {names[m]: body for m, body in self.group.stats.items() if m not in self.group.dead}
 
     def engine_state(self, spec: EngineSpec) -> tuple[str, int | None]:
         """("ready" | "dead" | "down", pid) of one engine."""
         group = self.group
-        if group is None or spec.model >= len(group.procs):
+        if group is None or spec.index >= len(group.procs):
             return "down", None
-        pid = group.procs[spec.model].pid
-        return ("dead" if spec.model in group.dead else "ready"), pid
+        ready = group.ready.get(spec.index)
+        pid = ready.pid if ready is not None else group.procs[spec.index].pid
+        return ("dead" if spec.index in group.dead else "ready"), pid

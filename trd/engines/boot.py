@@ -1,0 +1,32 @@
+"""The first code an engine process runs: tie its life to the supervisor's, then start.
+
+Kept free of heavy imports. The kernel kills the engine when the process that spawned
+it dies (PR_SET_PDEATHSIG), but only if that process is still alive when the signal is
+armed; the check that our parent is still the spawner closes that window, so an engine
+never outlives a supervisor killed at any moment, even during start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the supervisor died before the signal was armed
+
+
+def engine_process(parent_pid: int, *args: Any) -> None:
+    """multiprocessing target of every engine process."""
+    die_with_parent(parent_pid)
+    from trd.engines.loop import engine_main  # torch and the model code load only now
+
+    engine_main(*args)

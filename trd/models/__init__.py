@@ -1,0 +1,1 @@
+"""Checkpoints: the one reader of HF directories, GGUF import, rope settings."""

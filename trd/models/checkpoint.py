@@ -1,0 +1,215 @@
+"""The one reader of HF-format checkpoint directories: config.json, safetensors headers.
+
+    model_dir/
+      config.json               architecture (Qwen3, Qwen2, Llama families)
+      generation_config.json    eos ids (optional; config.json's are the fallback)
+      *.safetensors             weights, one file or shards; only the headers are read here
+      tokenizer.json ...        read by the front end, compared by `tokenizers.py`
+
+A safetensors file starts with `| u64 little-endian N | N bytes of JSON header |`, the
+header naming each tensor's dtype, shape and byte range, so a 32B checkpoint is read
+in milliseconds. The supervisor reads every checkpoint once at start; the result goes
+to the memory plan and, pickled inside each engine's spec, to the engine that loads it.
+Every failure is a `CheckpointError` naming the directory and the file or field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trd.models.errors import CheckpointError
+from trd.models.rope import RopeConfig, read_rope
+
+SUPPORTED_TYPES = ("qwen3", "qwen2", "llama")
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+DTYPES = tuple(DTYPE_BYTES)
+
+__all__ = ["DTYPES", "Checkpoint", "CheckpointError", "ModelConfig", "read_checkpoint"]
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of a serving dtype such as "bfloat16"."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype {dtype!r} is not supported (choose from {DTYPES})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The architecture facts the model code and the memory plan need, normalised."""
+
+    model_type: str
+    vocab_size: int  # rows of the embedding matrix (may exceed the tokenizer's vocabulary)
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # bias on q/k/v projections (Qwen2 always, Llama/Qwen3 per config)
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3's per-head RMSNorm on q and k
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dict(
+        cls, cfg: dict[str, Any], source: str, eos: tuple[int, ...] | None = None
+    ) -> ModelConfig:
+        """Validate a parsed config.json; `source` names it in errors."""
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_TYPES:
+            raise CheckpointError(
+                f"{source}: model_type {model_type!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_TYPES)})"
+            )
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+        hidden = _positive(cfg, "hidden_size", source)
+        heads = _positive(cfg, "num_attention_heads", source)
+        kv_heads = _optional_positive(cfg, "num_key_value_heads", source) or heads
+        head_dim = _optional_positive(cfg, "head_dim", source) or hidden // heads
+        if heads % kv_heads:
+            raise CheckpointError(
+                f"{source}: num_attention_heads {heads} is not a multiple of "
+                f"num_key_value_heads {kv_heads}"
+            )
+        attention_bias = bool(cfg.get("attention_bias", False))
+        context = _optional_positive(cfg, "max_position_embeddings", source) or 4096
+        return cls(
+            model_type=model_type,
+            vocab_size=_positive(cfg, "vocab_size", source),
+            hidden_size=hidden,
+            intermediate_size=_positive(cfg, "intermediate_size", source),
+            num_layers=_positive(cfg, "num_hidden_layers", source),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=_number(cfg, "rms_norm_eps", 1e-6, source),
+            rope=read_rope(cfg, head_dim, context, source),
+            max_position_embeddings=context,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=model_type != "qwen2" and attention_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            eos_token_ids=_eos_ids(cfg.get("eos_token_id")) if eos is None else eos,
+        )
+
+    def kv_bytes_per_token(self, dtype: str) -> int:
+        """A K and a V vector per layer and KV head."""
+        return self.num_layers * self.num_kv_heads * self.head_dim * 2 * dtype_size(dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A checkpoint directory, read and validated once."""
+
+    path: Path
+    config: ModelConfig
+    weight_files: tuple[Path, ...]
+    num_params: int  # elements of every tensor in the weight files
+
+    def weight_bytes(self, dtype: str) -> int:
+        """Resident weight bytes once every tensor is cast to `dtype`."""
+        return self.num_params * dtype_size(dtype)
+
+
+def read_checkpoint(model_dir: Path | str) -> Checkpoint:
+    """Parse config.json (+ generation_config.json) and every safetensors header."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory")
+    config_path = model_dir / "config.json"
+    raw = _read_json(config_path)
+    gen_path = model_dir / "generation_config.json"
+    eos = _eos_ids(_read_json(gen_path).get("eos_token_id")) if gen_path.exists() else None
+    config = ModelConfig.from_dict(raw, str(config_path), eos or None)
+    files = tuple(sorted(model_dir.glob("*.safetensors")))
+    if not files:
+        raise CheckpointError(f"{model_dir}: no *.safetensors weight files")
+    params = sum(_tensor_elements(path) for path in files)
+    return Checkpoint(model_dir, config, files, params)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent}: missing {path.name}") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _positive(cfg: dict[str, Any], key: str, source: str) -> int:
+    if key not in cfg:
+        raise CheckpointError(f"{source}: missing field {key!r}")
+    value = _optional_positive(cfg, key, source)
+    assert value is not None
+    return value
+
+
+def _optional_positive(cfg: dict[str, Any], key: str, source: str) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{source}: field {key!r} has unexpected value {value!r}")
+    return value
+
+
+def _number(cfg: dict[str, Any], key: str, default: float, source: str) -> float:
+    value = cfg.get(key, default)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value <= 0:
+        raise CheckpointError(f"{source}: field {key!r} has unexpected value {value!r}")
+    return float(value)
+
+
+def _eos_ids(eos: Any) -> tuple[int, ...]:
+    if eos is None:
+        return ()
+    return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
+
+
+def _tensor_elements(path: Path) -> int:
+    """Total elements of the tensors a safetensors file's header lists."""
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: truncated safetensors file (no header length)")
+        (length,) = struct.unpack("<Q", prefix)
+        raw = f.read(min(length, 1 << 30))
+    if len(raw) < length:
+        raise CheckpointError(
+            f"{path}: truncated safetensors header ({len(raw)} of {length} bytes present)"
+        )
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header is not a JSON object")
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            raise CheckpointError(f"{path}: tensor {name!r} has no valid shape")
+        total += math.prod(shape)
+    return total

@@ -1,0 +1,120 @@
+"""One request as the supervisor sees it: its output in order, its timing, how it ended.
+
+Two or more engines write Emits for one request, so they may arrive out of order; each
+token is placed by position. A token seen twice at a position is counted as a duplicate
+and ignored; a different token at a position already filled is a conflict, which fails
+the request (exactly-once broken somewhere must not reach a client silently).
+
+    tokens[:]            contiguous output so far (what a stream may send)
+    ahead{pos: ...}      tokens past a gap, waiting for the gap to fill
+
+Memory is bounded by the request's max_tokens. `changed` is set whenever something a
+reader waits for happened (new tokens, the end); the HTTP handler awaits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from trd.protocol import Done, Emit, FinishReason
+
+
+@dataclass(eq=False)
+class Generation:
+    rid: int
+    prompt_len: int
+    tokens: list[int] = field(default_factory=list)
+    models: list[int] = field(default_factory=list)  # producing model per token
+    finish: FinishReason = FinishReason.NONE
+    error: str = ""
+    error_status: int = 500  # 503: the service could not serve it (restart, drain)
+    length: int | None = None  # total output length, once the finishing Emit arrived
+    duplicates: int = 0
+    dones: dict[int, Done] = field(default_factory=dict)
+    holders: int = 0  # bitmask of engines that held the request
+    start: float = field(default_factory=time.perf_counter)
+    first_at: float | None = None  # first token in order
+    done_at: float | None = None  # last token in order, or the failure
+    progress_at: float = field(default_factory=time.monotonic)  # last message about it
+    ahead: dict[int, tuple[int, int]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def complete(self) -> bool:
+        """Output final: finished with every token in order, or failed."""
+        if self.finish is FinishReason.NONE:
+            return False
+        return self.length is None or len(self.tokens) == self.length
+
+    @property
+    def all_done(self) -> bool:
+        """Every engine that held the request has reported freeing it."""
+        bits = range(self.holders.bit_length())
+        return self.holders != 0 and all(j in self.dones for j in bits if self.holders >> j & 1)
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_at is None else self.first_at - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean seconds per output token after the first."""
+        if self.first_at is None or self.done_at is None or len(self.tokens) < 2:
+            return None
+        return (self.done_at - self.first_at) / (len(self.tokens) - 1)
+
+    def on_emit(self, emit: Emit) -> None:
+        self.progress_at = time.monotonic()
+        for i, (tok, model) in enumerate(
+            zip(emit.tokens.tolist(), emit.models.tolist(), strict=True)
+        ):
+            self._place(emit.pos + i, tok, model)
+        if emit.finish is not FinishReason.NONE and self.finish is FinishReason.NONE:
+            if emit.finish is FinishReason.ERROR:
+                self.fail(emit.error or "the engine failed the request")
+                return
+            self.finish, self.length = emit.finish, emit.pos + len(emit.tokens)
+        self._release()
+
+    def _place(self, pos: int, tok: int, model: int) -> None:
+        have = (
+            (self.tokens[pos], self.models[pos]) if pos < len(self.tokens) else self.ahead.get(pos)
+        )
+        if have is None:
+            self.ahead[pos] = (tok, model)
+        elif have == (tok, model):
+            self.duplicates += 1
+        else:
+            self.fail(f"conflicting tokens for output position {pos}: {have} and {(tok, model)}")
+
+    def _release(self) -> None:
+        before = len(self.tokens)
+        while (nxt := self.ahead.pop(len(self.tokens), None)) is not None:
+            if self.length is not None and len(self.tokens) >= self.length:
+                break
+            self.tokens.append(nxt[0])
+            self.models.append(nxt[1])
+        now = time.perf_counter()
+        if len(self.tokens) > before and self.first_at is None:
+            self.first_at = now
+        if self.complete and self.done_at is None:
+            self.done_at = now
+        if len(self.tokens) > before or self.complete:
+            self.changed.set()
+
+    def on_done(self, done: Done) -> None:
+        self.progress_at = time.monotonic()
+        self.dones[done.model] = done
+        self.holders |= done.holders
+
+    def fail(self, error: str, status: int = 500) -> None:
+        """End it with an error (no-op once it is complete)."""
+        if self.complete:
+            return
+        self.finish, self.error, self.error_status, self.length = (
+            FinishReason.ERROR, error, status, None,
+        )  # fmt: skip
+        self.done_at = time.perf_counter()
+        self.changed.set()

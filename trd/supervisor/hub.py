@@ -1,0 +1,86 @@
+"""Admission: which requests the engines are serving for HTTP handlers, and when to refuse.
+
+A handler `submit`s (refused with `Unavailable` while starting, restarting, draining or
+full), reads its `Generation` as it fills, and always ends with `release`, which frees
+the request on every engine if it still runs there (client gone, stop string matched).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Literal
+
+from trd.protocol import SamplingParams
+from trd.supervisor.generation import Generation
+from trd.supervisor.group import EngineGroup
+
+State = Literal["starting", "serving", "restarting", "draining"]
+
+
+class Unavailable(RuntimeError):
+    """The daemon cannot take a request now (HTTP 503); `code` names why."""
+
+    def __init__(self, message: str, code: str = "unavailable") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Hub:
+    def __init__(self, max_inflight: int) -> None:
+        self.max_inflight = max_inflight
+        self.group: EngineGroup | None = None
+        self.state: State = "starting"
+        self.reason = "engines are starting"
+        self.gens: dict[int, Generation] = {}
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def attach(self, group: EngineGroup) -> None:
+        self.group, self.state, self.reason = group, "serving", ""
+        self._publish()
+
+    def detach(self, state: State, reason: str) -> None:
+        """Stop using the group; every request still running fails with `reason` (503)."""
+        self.state, self.reason, self.group = state, reason, None
+        for gen in self.gens.values():
+            gen.fail(reason, status=503)
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        if self.state != "serving" or self.group is None:
+            raise Unavailable(f"unavailable: {self.reason}")
+        if len(self.gens) >= self.max_inflight:
+            raise Unavailable(
+                f"overloaded: {len(self.gens)} requests in flight, the limit is "
+                f"{self.max_inflight}; retry later", code="overloaded",
+            )  # fmt: skip
+        try:
+            gen = self.group.submit(prompt, params)
+        except RuntimeError as exc:  # an engine died and the keeper has not noticed yet
+            raise Unavailable(f"unavailable: {exc}") from None
+        self.gens[gen.rid] = gen
+        self.idle.clear()
+        self._publish()
+        return gen
+
+    def release(self, gen: Generation) -> None:
+        """The handler is done with `gen`: free it on the engines if it still runs there."""
+        if self.gens.pop(gen.rid, None) is None:
+            return
+        if self.group is not None:
+            self.group.abort(gen.rid)
+        if not self.gens:
+            self.idle.set()
+        self._publish()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until no request is in flight; False if some still are after `timeout`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle.wait(), timeout)
+        return self.idle.is_set()
+
+    def _publish(self) -> None:
+        # The engines' delayed-batching thresholds are indexed by this count.
+        if self.group is not None:
+            self.group.set_active(len(self.gens))
