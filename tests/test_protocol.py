@@ -27,9 +27,11 @@ from trd.protocol import (
     Ready,
     SamplingParams,
     Stats,
+    VERSION,
     Submit,
     decode,
     encode,
+    int_range,
 )
 
 PARAMS = SamplingParams(
@@ -40,6 +42,7 @@ PARAMS = SamplingParams(
     seed=2**63 - 1,
     stop_token_ids=(0, 151645, 2**31 - 1),
     ignore_eos=True,
+    min_tokens=2**32 - 1,
 )
 
 
@@ -117,16 +120,35 @@ def test_decoded_arrays_are_writable_copies() -> None:
 
 def test_peer_frame_layout_is_stable() -> None:
     msg = PeerReq(1, 0, 1, 2, PeerKind.HANDOFF, 3, i32(4), 5, None, b"x", 0.0, u32(9, 2**32 - 1))
-    head = struct.pack("<BBQBBIBIIdIIBB", 2, 1, 1, 0, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2)
+    head = struct.pack("<BBQBBIBIIdIIBB", 2, VERSION, 1, 0, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2)
     assert encode(msg) == head + struct.pack("<iII", 4, 9, 2**32 - 1) + b"x"
+
+
+def test_submit_frame_layout_is_stable() -> None:
+    p = SamplingParams(5, 0.5, 0.25, 3, None, (7,), ignore_eos=True, min_tokens=2)
+    head = struct.pack("<BBQdI", 1, VERSION, 9, 1.5, 1)
+    params = struct.pack("<IddIqBII", 5, 0.5, 0.25, 3, -1, 1, 2, 1) + struct.pack("<i", 7)
+    assert encode(Submit(9, i32(4), p, 1.5)) == head + params + struct.pack("<i", 4)
+
+
+def test_int_range_is_what_a_format_code_carries() -> None:
+    assert [int_range(code) for code in "BIiq"] == [
+        (0, 255), (0, 2**32 - 1), (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
+    ]  # fmt: skip
+    for code in "BIiq":
+        lo, hi = int_range(code)
+        struct.pack(code, lo), struct.pack(code, hi)
+        for outside in (lo - 1, hi + 1):
+            with pytest.raises(struct.error):
+                struct.pack(code, outside)
 
 
 def test_ready_and_done_frame_layouts_are_stable() -> None:
     ready = Ready(1, 2, 3, 4, "é")
-    assert encode(ready) == struct.pack("<BBBIIII", 5, 1, 1, 2, 3, 4, 2) + "é".encode()
-    assert encode(Ready(1, 2, 3, 4)) == struct.pack("<BBBIIII", 5, 1, 1, 2, 3, 4, 0)
+    assert encode(ready) == struct.pack("<BBBIIII", 5, VERSION, 1, 2, 3, 4, 2) + "é".encode()
+    assert encode(Ready(1, 2, 3, 4)) == struct.pack("<BBBIIII", 5, VERSION, 1, 2, 3, 4, 0)
     done = Done(1, 2, 3, 4, 2**63 | 1, f32(0.5, -1.0))
-    head = struct.pack("<BBQBIIQI", 6, 1, 1, 2, 3, 4, 2**63 | 1, 2)
+    head = struct.pack("<BBQBIIQI", 6, VERSION, 1, 2, 3, 4, 2**63 | 1, 2)
     assert encode(done) == head + struct.pack("<ff", 0.5, -1.0)
 
 
@@ -141,6 +163,7 @@ params = st.builds(
     seed=st.none() | ints(0, 2**63 - 1),
     stop_token_ids=st.lists(ints(0, 2**31 - 1), max_size=4).map(tuple),
     ignore_eos=st.booleans(),
+    min_tokens=ints(0, 2**32 - 1),
 )
 peer_reqs = st.builds(
     PeerReq,
@@ -217,10 +240,9 @@ def patched(msg: Message, offset: int, fmt: str, value: float) -> bytes:
     ("frame", "match"),
     [
         (b"", "truncated frame: 0 bytes"),
-        (b"\x09\x01" + bytes(30), "unknown message tag 9"),
-        (b"\x00\x01" + bytes(30), "unknown message tag 0"),
-        (b"\x09\x01" + bytes(30), "unknown message tag 9"),
-        (patched(Abort(1), 1, "<B", 2), "unsupported protocol version 2"),
+        (bytes([9, VERSION]) + bytes(30), "unknown message tag 9"),
+        (bytes([0, VERSION]) + bytes(30), "unknown message tag 0"),
+        (patched(Abort(1), 1, "<B", 1), "unsupported protocol version 1"),
         (patched(SAMPLES[2], 16, "<B", 0), "bad PeerKind 0"),
         (patched(SAMPLES[5], 14, "<B", 5), "bad FinishReason 5"),
         (patched(SAMPLES[3], 41, "<B", 2), "bad has_params byte 2"),
@@ -231,7 +253,7 @@ def patched(msg: Message, offset: int, fmt: str, value: float) -> bytes:
         (patched(SAMPLES[0], 34, "<d", float("nan")), "top_p must be in"),
         (patched(SAMPLES[0], 46, "<q", -2), "seed must be None or in"),
         (patched(SAMPLES[0], 54, "<B", 3), "bad ignore_eos byte 3"),
-        (patched(SAMPLES[1], 59, "<i", -5), "stop_token_ids must be in"),
+        (patched(SAMPLES[1], 63, "<i", -5), "stop_token_ids must be in"),
         (patched(SAMPLES[5], 19, "<I", 1) + b"\xff", "Emit.error is not utf-8"),
         (patched(SAMPLES[5], 15, "<I", 3), "truncated frame: array needs"),
         (patched(SAMPLES[10], 15, "<I", 1) + b"\xff", "Ready.error is not utf-8"),
@@ -257,7 +279,7 @@ def test_decode_rejects_non_bytes() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from([1, 2, 3, 4, 5, 6, 7, 8]), st.binary(max_size=120))
 def test_garbage_never_raises_anything_but_protocol_error(tag: int, body: bytes) -> None:
-    for frame in (bytes([tag, 1]) + body, body):
+    for frame in (bytes([tag, VERSION]) + body, body):
         with contextlib.suppress(ProtocolError):
             decode(frame)
 
@@ -307,6 +329,7 @@ def test_encode_rejects_what_the_wire_cannot_carry(msg: Any, match: str) -> None
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
         ({"top_k": -1}, "top_k must be >= 0, got -1"),
+        ({"min_tokens": -1}, "min_tokens must be >= 0, got -1"),
         ({"seed": -1}, r"seed must be None or in \[0, 2\*\*63\), got -1"),
         ({"seed": 2**63}, "got 9223372036854775808"),
         ({"stop_token_ids": (3, -1)}, r"stop_token_ids must be in .*got \(3, -1\)"),

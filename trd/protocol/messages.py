@@ -40,6 +40,7 @@ class SamplingParams:
     seed: int | None = None  # None = unseeded
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop ids are masked until this many are out
 
     def __post_init__(self) -> None:
         if not self.max_tokens >= 1:
@@ -50,6 +51,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not self.top_k >= 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k!r}")
+        if not self.min_tokens >= 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens!r}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be None or in [0, 2**63), got {self.seed!r}")
         # Token ids travel as int32 on the wire.
