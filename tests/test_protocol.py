@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from trd.protocol import (
     MAX_EXTRA,
     MAX_MODELS,
+    VERSION,
     Abort,
     Control,
     Done,
@@ -27,7 +28,6 @@ from trd.protocol import (
     Ready,
     SamplingParams,
     Stats,
-    VERSION,
     Submit,
     decode,
     encode,
