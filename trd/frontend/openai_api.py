@@ -98,9 +98,7 @@ def _param(loc: tuple[int | str, ...]) -> str:
 
 def _api_error(exc: ValidationError) -> ApiError:
     first = exc.errors(include_url=False, include_context=False)[0]
-    param = _param(first["loc"])
-    if not param:  # only the body itself is at the root
-        return ApiError(400, "the request body must be a JSON object")
+    param = _param(first["loc"])  # never empty: the body is a dict, so errors are in fields
     if first["type"] == "missing":
         return bad(param, "required")
     reason = first["msg"].replace("Input should be", "must be", 1)
@@ -122,10 +120,8 @@ def _validate(schema: type[R], body: Any, vocab_size: int) -> R:
 
 def _check_model(req: GenerationRequest, served: str) -> None:
     if req.model != served:
-        raise ApiError(
-            404, f"the model {describe(req.model)} does not exist; this server serves {served!r}",
-            param="model", code="model_not_found",
-        )  # fmt: skip
+        msg = f"{describe(req.model)} does not exist; this server serves {describe(served)}"
+        raise ApiError(404, f"model: {msg}", param="model", code="model_not_found")
 
 
 def _gen(

@@ -59,8 +59,8 @@ def _valid_unicode(v: Any) -> Any:
 
 def _in_vocab(ids: list[int], info: ValidationInfo) -> list[int]:
     vocab = (info.context or {})["vocab_size"]
-    bad = next((i for i, t in enumerate(ids) if t >= vocab), None)
-    if bad is not None:
+    if ids and max(ids) >= vocab:  # max() first: a prompt may hold a million ids
+        bad = next(i for i, t in enumerate(ids) if t >= vocab)
         raise PydanticCustomError(
             "token_id",
             "token id {token} at index {index} is outside the vocabulary [0, {vocab})",
