@@ -69,8 +69,9 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "max_tokens": st.integers(1, 4),
     "max_completion_tokens": st.integers(1, 4),
     "min_tokens": st.integers(0, 4),
-    "temperature": st.floats(0, 2),  # subnormals too: greedy, not a crashed sampler
-    "top_p": st.floats(0, 1, exclude_min=True),
+    # Tiny values too: logits / 1e-300 overflows, and a top_p of 5e-324 is 0 in float32.
+    "temperature": st.floats(0, 2) | st.sampled_from([5e-324, 1e-300, 1e-40, 2.0]),
+    "top_p": st.floats(0, 1, exclude_min=True) | st.sampled_from([5e-324, 1e-300, 1e-40]),
     "top_k": st.integers(-1, 50) | st.just(wire_edges("top_k")[2]),
     "seed": st.integers(0, wire_edges("seed")[2]),
     "stop": st.none() | stops | st.lists(stops, max_size=3),
