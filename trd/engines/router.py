@@ -142,12 +142,12 @@ class RoutingEngine:
                 self._fail(msg.rid, "handoff for a request this engine does not hold", msg.anchors)
                 return
             try:
-                self.engine.add_request(msg.tokens.tolist(), msg.params, rid=msg.rid)
+                tokens, prompt_len = msg.tokens.tolist(), msg.prompt_len
+                self.engine.add_request(tokens, msg.params, rid=msg.rid, prompt_len=prompt_len)
             except (RequestTooLarge, ValueError) as exc:
                 self._fail(msg.rid, str(exc), msg.anchors)
                 return
             req = self.requests[msg.rid]
-            req.prompt_len = msg.prompt_len
         else:
             if msg.handoff_seq <= req.handoff_seq:
                 return  # stale or duplicate
