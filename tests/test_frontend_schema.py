@@ -350,3 +350,12 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
     assert chunks[-1]["tokens_per_model"] == {"small": 2, "large": 1}
     plain = events(post(encoder, path, body(stream=True)).body)
     assert all("usage" not in c for c in plain)
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_400(tiny_models: dict[str, Path]) -> None:
+    # Real templates (Qwen3's) call raise_exception() on conversations they cannot render.
+    refusing = PromptEncoder(tiny_models["small"])
+    refusing.hf.chat_template = "{{ raise_exception('No user query found in messages.') }}"
+    ans = post(refusing, "/v1/chat/completions", chat())
+    assert_error(ans, 400, "messages")
+    assert "No user query found" in ans.body["error"]["message"]
