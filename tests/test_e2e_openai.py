@@ -208,7 +208,8 @@ BAD = {
     "prompt of wrong type": (_body(prompt={"text": "x"}), 400, "prompt"),
     "max_tokens of wrong type": (_body(max_tokens="ten"), 400, "max_tokens"),
     "temperature out of range": (_body(temperature=7), 400, "temperature"),
-    "unknown field": (_body(frobnicate=1), 400, "frobnicate"),
+    "unsupported value": (_body(echo=True), 400, "echo"),  # unknown fields are ignored
+    "seed past the wire's i64": (_body(seed=2**63), 400, "seed"),
     "unknown model": (_body(model="gpt-5"), 404, "model"),
     "max_tokens zero": (_body(max_tokens=0), 400, "max_tokens"),
     "max_tokens negative": (_body(max_tokens=-3), 400, "max_tokens"),
@@ -390,6 +391,7 @@ EXTREME: list[dict[str, Any]] = [
     {"temperature": 5e-324, "top_p": 1e-9},
     {"temperature": 2.0, "seed": 2**63 - 1, "extra_body": {"top_k": 2**31 - 1}},
     {"temperature": 1e-7, "top_p": 1.0, "extra_body": {"top_k": 1}},
+    {"temperature": 0.3, "extra_body": {"min_tokens": MAX_TOKENS, "ignore_eos": True}},
 ]
 
 

@@ -1,12 +1,13 @@
-"""OpenAI request validation and response shapes, without a server."""
+"""OpenAI request validation (the schema, its errors) and response shapes, without a server."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
-from trd.frontend.openai_api import ApiError, parse_chat, parse_completion
+from trd.frontend.openai_api import ApiError, describe, parse_chat, parse_completion
 from trd.frontend.responses import Shaper, Usage
 
 MODEL, VOCAB = "small+large", 2048
@@ -19,22 +20,43 @@ def completion(**fields: Any) -> Any:
 def test_completion_fields_become_sampling_params() -> None:
     req = completion(
         max_tokens=7, temperature=0.5, top_p=0.9, top_k=-1, seed=3, stop="\n\n",
-        stop_token_ids=[5, 6], ignore_eos=True, stream=True,
-        stream_options={"include_usage": True}, user="me", logprobs=None, n=1,
+        stop_token_ids=[5, 6], ignore_eos=True, min_tokens=2, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, user="me",
+        logprobs=None, n=1,
     )  # fmt: skip
-    assert (req.max_tokens, req.stop, req.stream, req.include_usage) == (7, ("\n\n",), True, True)
+    assert (req.max_tokens, req.stop, req.stream) == (7, ("\n\n",), True)
+    assert (req.include_usage, req.continuous_usage) == (True, True)
     p = req.params
-    assert (p.temperature, p.top_p, p.top_k, p.seed) == (0.5, 0.9, 0, 3)
+    assert (p.temperature, p.top_p, p.top_k, p.seed, p.min_tokens) == (0.5, 0.9, 0, 3, 2)
     assert (p.stop_token_ids, p.ignore_eos) == ((5, 6), True)
 
 
-def test_openai_defaults() -> None:
-    req = completion()
-    assert (req.max_tokens, req.params.temperature, req.stream) == (16, 1.0, False)
+def test_openai_defaults_and_nulls() -> None:
+    for req in (completion(), completion(stop=None, seed=None, temperature=None, n=None)):
+        assert (req.max_tokens, req.params.temperature, req.stream) == (16, 1.0, False)
+        assert (req.stop, req.params.seed, req.params.min_tokens) == ((), None, 0)
     chat = parse_chat(
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, MODEL, VOCAB
     )
     assert chat.max_tokens is None  # chat: whatever the context leaves
+
+
+def test_max_completion_tokens_wins_on_both_endpoints() -> None:
+    assert completion(max_tokens=5, max_completion_tokens=9).max_tokens == 9
+    assert completion(max_completion_tokens=3).max_tokens == 3
+
+
+def test_a_tiny_temperature_is_greedy() -> None:
+    # vLLM's rule: logits / 1e-300 overflows to inf and the sampler would get NaNs.
+    assert completion(temperature=1e-300).params.temperature == 0.0
+    assert completion(temperature=1e-5).params.temperature == 1e-5
+
+
+def test_unknown_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="trd.frontend"):
+        req = completion(frobnicate=1, messages=[], store=True, metadata={"a": "b"})
+    assert req.prompt == "hi"
+    assert '"frobnicate", "messages", "store", "metadata"' in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -47,30 +69,43 @@ def test_prompt_forms(prompt: Any, expected: Any) -> None:
 
 BAD = [  # (fields, status, param, message part)
     ({"model": "gpt-4"}, 404, "model", "does not exist"),
-    ({"model": None}, 400, "model", "required"),
-    ({"prompt": ""}, 400, "prompt", "must not be empty"),
-    ({"prompt": ["a", "b"]}, 400, "prompt", "one prompt"),
-    ({"prompt": [1, 99999]}, 400, "prompt", "[0, 2048)"),
-    ({"prompt": 3}, 400, "prompt", "expected a string"),
-    ({"max_tokens": 0}, 400, "max_tokens", ">= 1"),
-    ({"max_tokens": 2.5}, 400, "max_tokens", "integer"),
-    ({"max_tokens": True}, 400, "max_tokens", "integer"),
-    ({"temperature": "hot"}, 400, "temperature", "number"),
-    ({"top_p": 0}, 400, "top_p", "(0, 1]"),
-    ({"top_k": -2}, 400, "top_k", ">= -1"),
-    ({"seed": -1}, 400, "seed", ">= 0"),
-    ({"stop": ["x"] * 100}, 400, "stop", "at most 16"),
-    ({"stop": [""]}, 400, "stop", "1 to 256"),
-    ({"stop": 5}, 400, "stop", "string"),
-    ({"stop_token_ids": [-1]}, 400, "stop_token_ids", "token ids"),
-    ({"n": 3}, 400, "n", "n=1"),
+    ({"model": None}, 400, "model", "must be a valid string, got null"),
+    ({"prompt": ""}, 400, "prompt", "at least 1 character"),
+    ({"prompt": []}, 400, "prompt", "at least 1 item"),
+    ({"prompt": ["a", "b"]}, 400, "prompt", "only one prompt"),
+    ({"prompt": [1, 99999]}, 400, "prompt", "99999 at index 1 is outside the vocabulary [0, 2048)"),
+    ({"prompt": 3}, 400, "prompt", "expected a string or an array of token ids, got 3"),
+    ({"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1, got 0"),
+    ({"max_tokens": 2.5}, 400, "max_tokens", "valid integer, got 2.5"),
+    ({"max_tokens": True}, 400, "max_tokens", "valid integer, got true"),
+    ({"max_tokens": 5, "min_tokens": 6}, 400, "min_tokens", "at most max_tokens (5), got 6"),
+    ({"temperature": "hot"}, 400, "temperature", 'valid number, got "hot"'),
+    ({"temperature": 2.5}, 400, "temperature", "less than or equal to 2"),
+    ({"top_p": 0}, 400, "top_p", "greater than 0"),
+    ({"top_k": -2}, 400, "top_k", "greater than or equal to -1"),
+    ({"seed": -1}, 400, "seed", "greater than or equal to 0"),
+    (
+        {"stop": ["x"] * 100},
+        400,
+        "stop",
+        "at most 16 items after validation, not 100, got an array of 100 items",
+    ),
+    ({"stop": [""]}, 400, "stop[0]", "at least 1 character"),
+    ({"stop": 5}, 400, "stop", "expected a string or an array of strings, got 5"),
+    ({"stop_token_ids": [-1]}, 400, "stop_token_ids[0]", "greater than or equal to 0"),
+    ({"stop_token_ids": [2048]}, 400, "stop_token_ids", "outside the vocabulary"),
+    ({"n": 3}, 400, "n", "only null or 1 is supported, got 3"),
     ({"stream": "yes"}, 400, "stream", "boolean"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options", "stream is true"),
     ({"ignore_eos": 1}, 400, "ignore_eos", "boolean"),
-    ({"echo": True}, 400, "echo", "only False"),
-    ({"best_of": 2}, 400, "best_of", "only 1"),
-    ({"messages": []}, 400, "messages", "unrecognized"),
-    ({"tools": []}, 400, "tools", "unrecognized"),
+    ({"echo": True}, 400, "echo", "only null or false"),
+    ({"best_of": 2}, 400, "best_of", "only null or 1"),
+    ({"logprobs": 2}, 400, "logprobs", "only null or false"),
+    ({"presence_penalty": 0.5}, 400, "presence_penalty", "only null or 0 or 0.0"),
+    ({"frequency_penalty": -1}, 400, "frequency_penalty", "only null or 0 or 0.0"),
+    ({"logit_bias": {"5": 1}}, 400, "logit_bias", "only null or {}"),
+    ({"tools": [{"type": "function"}]}, 400, "tools", "only null or []"),
+    ({"user": "x" * 41 + "\udfff"}, 400, "user", "lone surrogate (U+DFFF) at index 41"),
 ]
 
 
@@ -83,9 +118,21 @@ def test_bad_completion_fields(fields: dict[str, Any], status: int, param: str, 
     e = err.value
     assert (e.status, e.param) == (status, param)
     assert part in e.message
+    assert e.message.startswith(f"{param}: ")
     assert e.body() == {
         "error": {"message": e.message, "type": e.type, "param": param, "code": e.code}
     }
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("abc", '"abc"'), ("x" * 41, "a string of 41 characters"),
+     ([1] * 50, "an array of 50 items"), ({str(i): i for i in range(41)}, "an object of 41 keys"),
+     (["y" * 30] * 2, "an array of 2 items"), (10**50, "a number of 51 digits"), (True, "true"),
+     (None, "null"), ("\ud800", '"\\ud800"')],
+)  # fmt: skip
+def test_values_in_messages_are_whole_or_described(value: Any, shown: str) -> None:
+    assert describe(value) == shown
 
 
 def test_chat_messages_and_max_completion_tokens() -> None:
@@ -111,17 +158,21 @@ def test_chat_messages_and_max_completion_tokens() -> None:
 
 @pytest.mark.parametrize(
     ("messages", "param"),
-    [("hi", "messages"), ([{"role": "robot", "content": "x"}], "messages[0]"),
-     ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content")],
+    [("hi", "messages"), ([], "messages"),
+     ([{"role": "robot", "content": "x"}], "messages[0].role"),
+     ([{"role": "user"}], "messages[0].content"),
+     ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type"),
+     ([{"role": "user", "content": "\ud800"}], "messages[0].content")],
 )  # fmt: skip
 def test_bad_chat_messages(messages: Any, param: str) -> None:
     with pytest.raises(ApiError) as err:
         parse_chat({"model": MODEL, "messages": messages}, MODEL, VOCAB)
     assert (err.value.status, err.value.param) == (400, param)
+    assert err.value.message.startswith(f"{param}: ")
 
 
 def test_body_must_be_an_object() -> None:
-    with pytest.raises(ApiError, match="JSON object"):
+    with pytest.raises(ApiError, match="JSON object, got \\[1, 2\\]"):
         parse_completion([1, 2], MODEL, VOCAB)
 
 
@@ -148,3 +199,5 @@ def test_chat_and_completion_shapes() -> None:
     text = Shaper(False, "cmpl-1", MODEL)
     assert text.final("hi", "length", usage)["object"] == "text_completion"
     assert text.usage_chunk(usage)["choices"] == []
+    assert "usage" not in text.chunk("x")
+    assert text.chunk("x", usage=usage)["usage"]["total_tokens"] == 2  # continuous_usage_stats

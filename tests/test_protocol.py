@@ -31,6 +31,7 @@ from trd.protocol import (
     Submit,
     decode,
     encode,
+    int_range,
 )
 
 PARAMS = SamplingParams(
@@ -121,6 +122,25 @@ def test_peer_frame_layout_is_stable() -> None:
     msg = PeerReq(1, 2, PeerKind.HANDOFF, 3, i32(4), 5, None, b"x", 0.0, u32(9, 2**32 - 1))
     head = struct.pack("<BBQIBIIdIIBB", 2, VERSION, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2)
     assert encode(msg) == head + struct.pack("<iII", 4, 9, 2**32 - 1) + b"x"
+
+
+def test_submit_frame_layout_is_stable() -> None:
+    p = SamplingParams(5, 0.5, 0.25, 3, None, (7,), ignore_eos=True, min_tokens=2)
+    head = struct.pack("<BBQI", 1, VERSION, 9, 1)
+    params = struct.pack("<IddIqBII", 5, 0.5, 0.25, 3, -1, 1, 2, 1) + struct.pack("<i", 7)
+    assert encode(Submit(9, i32(4), p)) == head + params + struct.pack("<i", 4)
+
+
+def test_int_range_is_what_a_format_code_carries() -> None:
+    assert [int_range(code) for code in "BIiq"] == [
+        (0, 255), (0, 2**32 - 1), (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
+    ]  # fmt: skip
+    for code in "BIiq":
+        lo, hi = int_range(code)
+        struct.pack(code, lo), struct.pack(code, hi)
+        for outside in (lo - 1, hi + 1):
+            with pytest.raises(struct.error):
+                struct.pack(code, outside)
 
 
 def test_ready_and_done_frame_layouts_are_stable() -> None:

@@ -20,7 +20,17 @@ from trd.engines.spec import EngineSpec
 from trd.ipc.names import FRONTEND
 from trd.policies.base import PolicyContext
 from trd.policies.factory import make_policy
-from trd.protocol import Done, Emit, Message, PeerReq, Submit, decode, encode
+from trd.protocol import (
+    Done,
+    Emit,
+    FinishReason,
+    Message,
+    PeerReq,
+    SamplingParams,
+    Submit,
+    decode,
+    encode,
+)
 from trd.supervisor.generation import Generation
 
 from routing_cases import MODEL_SETS, jobs, reference, specs
@@ -29,11 +39,15 @@ from routing_cases import MODEL_SETS, jobs, reference, specs
 class Wiring:
     """Engines + per-node inboxes; half the peer messages are duplicated out of order."""
 
-    def __init__(self, paths: list[Path], policy: str, params: dict, seed: int):
+    def __init__(
+        self, paths: list[Path], policy: str, params: dict, seed: int, max_model_len: int = 0
+    ):
         self.rng = random.Random(seed)
         self.inbox: dict[int, list[Message]] = {n: [] for n in [FRONTEND, *range(len(paths))]}
         self.engines = []
-        for spec in specs(paths, policy, params, kv_tokens=8192, max_batch_tokens=256):
+        for spec in specs(
+            paths, policy, params, kv_tokens=8192, max_batch_tokens=256, max_model_len=max_model_len
+        ):
             self.engines.append(self._engine(spec))
         self.tracked: dict[int, Generation] = {}
         self.injected = 0
@@ -139,3 +153,18 @@ def test_an_engine_expects_a_return_while_its_request_is_away(
     for msg in wiring.inbox[0]:
         small.inbox.handle(msg)
     assert not small.expects_return()  # back and runnable: nothing of its own away
+
+
+def test_a_request_that_fills_the_context_survives_a_handoff(tiny_models: dict[str, Path]) -> None:
+    # The peer counted the committed output as prompt, so prompt + max_tokens == context
+    # (the chat default: max_tokens = what the context leaves) failed at the first handoff.
+    paths = [tiny_models["small"], tiny_models["large"]]
+    wiring = Wiring(paths, "scripted", {"schedule": [0, 0, 1]}, seed=0, max_model_len=32)
+    wiring.submit(0, list(range(5, 13)), SamplingParams(max_tokens=24, ignore_eos=True))
+    for _ in range(20000):
+        if wiring.tracked[0].complete:
+            break
+        wiring.tick()
+    got = wiring.tracked[0]
+    assert (got.finish, got.error, len(got.tokens)) == (FinishReason.LENGTH, "", 24)
+    assert set(got.models) == {0, 1}

@@ -48,6 +48,14 @@ def test_top_k_one_and_tiny_top_p_are_greedy(engine: Engine) -> None:
     assert top_k[0] == greedy and top_p[0] == greedy
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_top_p_below_the_dtype_s_smallest_number_keeps_the_top_token(dtype: torch.dtype) -> None:
+    # 5e-324 (float64's smallest) is 0 in these dtypes; nothing was kept and the gather crashed.
+    logits = torch.tensor([[0.1, 2.0, 0.3], [1.0, 0.0, 0.5]], dtype=dtype)
+    params = [SamplingParams(temperature=1.0, top_p=5e-324, seed=s) for s in (1, 2)]
+    assert sample(logits, params, [0, 0]) == [1, 0]
+
+
 def test_sampling_frequencies_follow_the_distribution() -> None:
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
     counts = [0, 0, 0, 0]

@@ -66,9 +66,16 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------
     def add_request(
-        self, prompt: Sequence[int], params: SamplingParams | None = None, rid: int | None = None
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams | None = None,
+        rid: int | None = None,
+        prompt_len: int | None = None,
     ) -> int:
-        """Queue a request; raises RequestTooLarge or ValueError when it can never run."""
+        """Queue a request; raises RequestTooLarge or ValueError when it can never run.
+
+        `prompt_len` < len(prompt) when a peer hands over a request with committed output
+        after its prompt: max_tokens counts from the prompt's end, not from here."""
         params = params or SamplingParams()
         if not prompt:
             raise ValueError("prompt must contain at least one token")
@@ -81,7 +88,10 @@ class Engine:
         rid = next(self._rids) if rid is None else rid
         if rid in self.scheduler.requests:
             raise ValueError(f"request id {rid} is already active")
-        req = Request(rid, list(prompt), len(prompt), params, arrival=time.monotonic())
+        prompt_len = len(prompt) if prompt_len is None else prompt_len
+        if not 1 <= prompt_len <= len(prompt):
+            raise ValueError(f"prompt_len must be in [1, {len(prompt)}], got {prompt_len}")
+        req = Request(rid, list(prompt), prompt_len, params, arrival=time.monotonic())
         self.scheduler.add(req)
         return rid
 

@@ -77,12 +77,12 @@ class Inbox:
                               msg.anchors.tolist())  # fmt: skip
                 return
             try:
-                self.engine.add_request(msg.tokens.tolist(), msg.params, rid=msg.rid)
+                tokens, prompt_len = msg.tokens.tolist(), msg.prompt_len
+                self.engine.add_request(tokens, msg.params, rid=msg.rid, prompt_len=prompt_len)
             except (RequestTooLarge, ValueError) as exc:
                 self.out.fail(msg.rid, str(exc), msg.anchors.tolist())
                 return
             req = self.requests[msg.rid]
-            req.prompt_len = msg.prompt_len
         else:
             if msg.handoff_seq <= req.handoff_seq:
                 return  # stale or duplicate

@@ -59,7 +59,9 @@ def _sample_rows(
     top_k = torch.tensor([p.top_k or probs.shape[-1] for p in params], device=dev)
     top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=dev)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass strictly above each token
-    keep = (rank < top_k[:, None]) & (before < top_p[:, None])
+    # The most likely token always stays: a top_p below the logits dtype's smallest
+    # number rounds to 0 and would keep nothing (and the gather below would crash).
+    keep = ((rank < top_k[:, None]) & (before < top_p[:, None])) | (rank == 0)
     kept = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     cum = torch.cumsum(kept, dim=-1)
     u = torch.tensor(

@@ -19,8 +19,9 @@ from typing import Any
 
 from aiohttp import web
 
+from trd.frontend.body import MAX_BODY_BYTES, read_json
 from trd.frontend.metrics import Metrics
-from trd.frontend.openai_api import ApiError, GenRequest, parse_chat, parse_completion
+from trd.frontend.openai_api import ApiError, GenRequest, bad, parse_chat, parse_completion
 from trd.frontend.responses import Shaper, Usage
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
@@ -31,7 +32,6 @@ from trd.supervisor.hub import Hub, Unavailable
 
 log = logging.getLogger("trd.frontend")
 
-MAX_BODY_BYTES = 4 << 20
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -71,17 +71,6 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
         kind = "invalid_request_error" if exc.status < 500 else "server_error"
         err = ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", type=kind)
         return web.json_response(err.body(), status=exc.status)
-
-
-async def read_json(request: web.Request) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes") from None
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
 
 
 class OpenAIApi:
@@ -130,14 +119,16 @@ class OpenAIApi:
         else:
             ids = list(req.prompt or [])
         limit, param = self.served.max_model_len, "messages" if req.chat else "prompt"
-        too_long = "context_length_exceeded"
         if len(ids) >= limit:
-            msg = f"the prompt has {len(ids)} tokens; the context of {limit} must leave room"
-            raise ApiError(400, f"{msg} for output", param, too_long)
+            msg = f"{len(ids)} tokens; the context of {limit} must leave room for output"
+            raise bad(param, msg, "context_length_exceeded")
         max_tokens = req.max_tokens or limit - len(ids)
         if len(ids) + max_tokens > limit:
-            msg = f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context"
-            raise ApiError(400, f"{msg} of {limit} tokens", "max_tokens", too_long)
+            msg = f"{max_tokens} + the prompt's {len(ids)} tokens exceed the context of {limit}"
+            raise bad(req.max_tokens_param, msg, "context_length_exceeded")
+        if req.params.min_tokens > max_tokens:
+            msg = f"must be at most the {max_tokens} tokens the context leaves for output"
+            raise bad("min_tokens", f"{msg}, got {req.params.min_tokens}")
         return ids, replace(req.params, max_tokens=max_tokens)
 
     async def _generate(
@@ -184,13 +175,17 @@ class OpenAIApi:
         async def send(body: dict[str, Any]) -> None:
             await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
+        def chunk(delta: str | None, finish: str | None = None) -> dict[str, Any]:
+            usage = self._usage(gen, text) if req.continuous_usage else None
+            return shaper.chunk(delta, finish, usage)
+
         if req.chat:
-            await send(shaper.chunk(None))
+            await send(chunk(None))
         try:
             async for delta in self._texts(gen, text):
-                await send(shaper.chunk(delta))
+                await send(chunk(delta))
             outcome.finish = self._finish_reason(gen, text)
-            await send(shaper.chunk("", outcome.finish))
+            await send(chunk("", outcome.finish))
             if req.include_usage:
                 await send(shaper.usage_chunk(self._usage(gen, text)))
         except ApiError as exc:

@@ -1,40 +1,38 @@
-"""OpenAI request bodies -> validated `GenRequest`s; every mistake is an `ApiError`.
+"""OpenAI request bodies -> `GenRequest`s through the schema; every mistake is an `ApiError`.
 
-Accepted (completions / chat.completions): model, prompt (a string, token ids, or a list
-holding one of those) / messages, max_tokens (+ max_completion_tokens for chat),
-temperature, top_p, top_k, seed, stop (strings), stop_token_ids, ignore_eos, n=1,
-stream, stream_options.include_usage. Fields OpenAI defines that we do not implement
-are accepted only at their no-op value; anything else is rejected by name.
+The fields and their limits are declared in `trd.frontend.schema`; this module turns
+a validated request into what the front end serves, and a validation error into
+OpenAI's error body, whose message names the field, the reason and the value:
+
+    {"error": {"message": "seed: must be less than or equal to 9223372036854775807,
+               got 9223372036854775808", "type": "invalid_request_error",
+               "param": "seed", "code": null}}
 """
 
 from __future__ import annotations
 
-import math
+import json
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
+from trd.frontend.schema import ChatRequest, CompletionRequest, GenerationRequest, StreamOptions
 from trd.protocol import SamplingParams
 
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256
-MAX_STOP_TOKEN_IDS = 64
-# Fields of OpenAI's API that are harmless at these values (clients often send them).
-_NOOP_FIELDS: dict[str, tuple[Any, ...]] = {
-    "user": (),  # any string: only an end-user label
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
-    "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
-    "suffix": (None, ""),
-    "store": (None, False),
-    "metadata": (None, {}),
+log = logging.getLogger("trd.frontend")
+
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: the context left
+# vLLM's rule: a temperature this small is greedy; dividing logits by it would overflow.
+GREEDY_BELOW = 1e-5
+_SHORT = 40  # characters of a value shown whole in an error message
+_SIZED: dict[type, str] = {
+    str: "a string of {} characters",
+    list: "an array of {} items",
+    dict: "an object of {} keys",
 }
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
-           "stop_token_ids", "ignore_eos", "stream", "stream_options"}  # fmt: skip
-_ROLES = ("system", "developer", "user", "assistant")
+R = TypeVar("R", bound=GenerationRequest)
 
 
 class ApiError(Exception):
@@ -62,188 +60,114 @@ def bad(param: str, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, f"{param}: {message}", param=param, code=code)
 
 
+def describe(v: Any) -> str:
+    """A value for an error message: whole (as JSON) when short, else its type and size."""
+    sized = _SIZED.get(type(v))
+    if sized is not None and len(v) > _SHORT:
+        return sized.format(len(v))
+    text = json.dumps(v)  # ASCII: a lone surrogate shows as its \ud800 escape
+    if len(text) <= _SHORT:
+        return text
+    return sized.format(len(v)) if sized is not None else f"a number of {len(text)} digits"
+
+
 @dataclass(frozen=True, slots=True)
 class GenRequest:
     chat: bool
     prompt: str | list[int] | None  # completions
     messages: list[dict[str, str]] | None  # chat, contents flattened to strings
     max_tokens: int | None  # None: as many as the context leaves (chat default)
+    max_tokens_param: str  # the field max_tokens came from, for errors
     params: SamplingParams  # max_tokens is filled in once the prompt length is known
     stop: tuple[str, ...]
     stream: bool
-    include_usage: bool
+    include_usage: bool  # a last chunk with the usage
+    continuous_usage: bool  # the usage so far in every chunk
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _param(loc: tuple[int | str, ...]) -> str:
+    """("messages", 0, "content") -> "messages[0].content"; union tags ("<str>") left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not part.startswith("<"):
+            out += f".{part}" if out else part
+    return out
 
 
-def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise bad(key, f"expected a number, got {v!r:.50}")
-    if not low <= v <= high:
-        raise bad(key, f"must be in [{low:g}, {high:g}], got {v!r}")
-    return float(v)
+def _api_error(exc: ValidationError) -> ApiError:
+    first = exc.errors(include_url=False, include_context=False)[0]
+    param = _param(first["loc"])  # never empty: the body is a dict, so errors are in fields
+    if first["type"] == "missing":
+        return bad(param, "required")
+    reason = first["msg"].replace("Input should be", "must be", 1)
+    return bad(param, f"{reason}, got {describe(first['input'])}")
 
 
-def _int(body: dict[str, Any], key: str, low: int) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if not _is_int(v):
-        raise bad(key, f"expected an integer, got {v!r:.50}")
-    if v < low:
-        raise bad(key, f"must be >= {low}, got {v}")
-    return int(v)
+def _validate(schema: type[R], body: Any, vocab_size: int) -> R:
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {describe(body)}")
+    try:
+        req = schema.model_validate(body, context={"vocab_size": vocab_size})
+    except ValidationError as exc:
+        raise _api_error(exc) from None
+    unknown = [describe(k) for k in body if k not in schema.model_fields]
+    if unknown:
+        log.debug("ignoring unknown request fields: %s", ", ".join(unknown))
+    return req
 
 
-def _token_ids(key: str, v: Any, vocab_size: int, limit: int | None = None) -> list[int]:
-    if not isinstance(v, list) or not all(_is_int(t) for t in v):
-        raise bad(key, f"expected a list of token ids, got {v!r:.50}")
-    if limit is not None and len(v) > limit:
-        raise bad(key, f"at most {limit} token ids are allowed, got {len(v)}")
-    out_of_range = [t for t in v if not 0 <= t < vocab_size]
-    if out_of_range:
-        raise bad(key, f"token ids must be in [0, {vocab_size}), got {out_of_range[:5]}")
-    return list(v)
+def _check_model(req: GenerationRequest, served: str) -> None:
+    if req.model != served:
+        msg = f"{describe(req.model)} does not exist; this server serves {describe(served)}"
+        raise ApiError(404, f"model: {msg}", param="model", code="model_not_found")
 
 
-def _top_p(body: dict[str, Any]) -> float:
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0:
-        raise bad("top_p", "must be in (0, 1], got 0")
-    return top_p
-
-
-def _stop(v: Any) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise bad("stop", f"expected a string or a list of strings, got {v!r:.50}")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise bad("stop", f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
-    if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
-        raise bad("stop", f"stop strings must have 1 to {MAX_STOP_CHARS} characters")
-    return tuple(stops)
-
-
-def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
-    for key, value in body.items():
-        if key in allowed:
-            continue
-        if key in _NOOP_FIELDS:
-            noop = _NOOP_FIELDS[key]
-            if not noop or any(value == n and type(value) is type(n) for n in noop):
-                continue
-            raise bad(key, f"only {noop[-1]!r} is supported, got {value!r:.50}")
-        raise bad(key, "unrecognized request argument")
-
-
-def _common(body: dict[str, Any], vocab_size: int, max_tokens_key: str) -> dict[str, Any]:
-    if _int(body, "n", 1) not in (None, 1):
-        raise bad("n", "only n=1 is supported")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise bad("stream", f"expected a boolean, got {stream!r:.50}")
-    options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not stream:
-            raise bad("stream_options", "only allowed when stream is true")
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise bad("stream_options", f"expected {{'include_usage': bool}}, got {options!r:.50}")
-        include_usage = options.get("include_usage", False)
-        if not isinstance(include_usage, bool):
-            raise bad("stream_options.include_usage", f"expected a boolean, got {include_usage!r}")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise bad("ignore_eos", f"expected a boolean, got {ignore_eos!r:.50}")
-    stop_ids = body.get("stop_token_ids")
-    top_k = _int(body, "top_k", -1)
-    return {
-        "max_tokens": _int(body, max_tokens_key, 1),
-        "stop": _stop(body.get("stop")),
-        "stream": bool(stream),
-        "include_usage": include_usage,
-        "params": SamplingParams(
-            max_tokens=1,  # placeholder until the prompt length is known
-            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=_top_p(body),
-            top_k=0 if top_k in (None, -1) else top_k,
-            seed=_int(body, "seed", 0),
-            stop_token_ids=tuple(
-                _token_ids("stop_token_ids", stop_ids, vocab_size, MAX_STOP_TOKEN_IDS)
-                if stop_ids is not None
-                else ()
-            ),
-            ignore_eos=ignore_eos,
-        ),
-    }
-
-
-def _model(body: dict[str, Any], served: str) -> None:
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise bad("model", f"required, a string naming the model ({served!r})")
-    if model != served:
-        raise ApiError(
-            404, f"the model {model!r} does not exist; this server serves {served!r}",
-            param="model", code="model_not_found",
-        )  # fmt: skip
+def _gen(
+    req: GenerationRequest,
+    default_max: int | None,
+    prompt: str | list[int] | None = None,
+    messages: list[dict[str, str]] | None = None,
+) -> GenRequest:
+    if req.stream_options is not None and not req.stream:
+        raise bad("stream_options", "only allowed when stream is true")
+    options = req.stream_options or StreamOptions()
+    max_tokens = next(
+        (m for m in (req.max_completion_tokens, req.max_tokens) if m is not None), default_max
+    )
+    max_param = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+    min_tokens = req.min_tokens or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise bad("min_tokens", f"must be at most {max_param} ({max_tokens}), got {min_tokens}")
+    temperature = 1.0 if req.temperature is None else req.temperature
+    params = SamplingParams(
+        max_tokens=max(1, min_tokens),  # placeholder until the prompt length is known
+        temperature=temperature if temperature >= GREEDY_BELOW else 0.0,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=max(req.top_k or 0, 0),  # -1 (vLLM) and 0 (ours) both mean off
+        seed=req.seed,
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        ignore_eos=bool(req.ignore_eos),
+        min_tokens=min_tokens,
+    )
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return GenRequest(
+        chat=messages is not None, prompt=prompt, messages=messages, max_tokens=max_tokens,
+        max_tokens_param=max_param, params=params, stop=stop, stream=bool(req.stream),
+        include_usage=bool(options.include_usage),
+        continuous_usage=bool(options.continuous_usage_stats),
+    )  # fmt: skip
 
 
 def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    _check_fields(body, _COMMON | {"prompt"})
-    _model(body, served)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, list):
-        if prompt and all(isinstance(p, str | list) for p in prompt):
-            raise bad("prompt", "only one prompt per request is supported")
-        prompt = _token_ids("prompt", prompt, vocab_size)
-    elif not isinstance(prompt, str):
-        raise bad("prompt", f"expected a string or a list of token ids, got {prompt!r:.50}")
-    if not prompt:
-        raise bad("prompt", "must not be empty")
-    common = _common(body, vocab_size, "max_tokens")
-    # OpenAI's completions default: 16 tokens.
-    common["max_tokens"] = common["max_tokens"] or 16
-    return GenRequest(chat=False, prompt=prompt, messages=None, **common)
-
-
-def _content(i: int, content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    # The parts form: [{"type": "text", "text": "..."}, ...]; only text parts are served.
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise bad(f"messages[{i}].content", "expected a string or a list of text parts")
+    req = _validate(CompletionRequest, body, vocab_size)
+    _check_model(req, served)
+    return _gen(req, COMPLETIONS_MAX_TOKENS, prompt=req.prompt)
 
 
 def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    _check_fields(body, _COMMON | {"messages", "max_completion_tokens"})
-    _model(body, served)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages", "expected a non-empty list of messages")
-    flat = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise bad(f"messages[{i}]", f"expected {{'role': one of {_ROLES}, 'content': ...}}")
-        flat.append({"role": m["role"], "content": _content(i, m.get("content"))})
-    common = _common(body, vocab_size, "max_tokens")
-    newer = _int(body, "max_completion_tokens", 1)
-    common["max_tokens"] = newer if newer is not None else common["max_tokens"]
-    return GenRequest(chat=True, prompt=None, messages=flat, **common)
+    req = _validate(ChatRequest, body, vocab_size)
+    _check_model(req, served)
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    return _gen(req, None, messages=messages)

@@ -59,8 +59,12 @@ class Shaper:
             choice["text"] = text
         return {**self._head(chunk=False), "choices": [choice], **usage.fields()}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None) -> dict[str, Any]:
-        """A text delta; `None` text opens a chat stream (the assistant role, no content)."""
+    def chunk(
+        self, text: str | None, finish_reason: str | None = None, usage: Usage | None = None
+    ) -> dict[str, Any]:
+        """A text delta; `None` text opens a chat stream (the assistant role, no content).
+
+        With `usage` (vLLM's continuous_usage_stats) the chunk carries the counts so far."""
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
         if self.chat:
             choice["delta"] = (
@@ -70,7 +74,8 @@ class Shaper:
                 choice["delta"] = {}
         else:
             choice["text"] = text or ""
-        return {**self._head(chunk=True), "choices": [choice]}
+        counts = {} if usage is None else usage.fields()
+        return {**self._head(chunk=True), "choices": [choice], **counts}
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._head(chunk=True), "choices": [], **usage.fields()}

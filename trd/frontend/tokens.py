@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jinja2 import TemplateError
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
@@ -22,6 +23,10 @@ class PromptEncoder:
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         if not self.hf.chat_template:
             raise ApiError(400, "this model has no chat template; use /v1/completions")
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateError as exc:  # the template's raise_exception: a client mistake
+            msg = f"messages: the chat template refuses them: {exc}"
+            raise ApiError(400, msg, "messages") from None
         # The template writes the special tokens itself.
         return list(self.hf.encode(text, add_special_tokens=False))

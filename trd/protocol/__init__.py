@@ -1,6 +1,14 @@
 """Messages between the front end and the engines, and their binary codec (no pickle)."""
 
-from trd.protocol.codec import MAX_MODELS, VERSION, decode, encode
+from trd.protocol.codec import (
+    MAX_MODELS,
+    PARAMS_LAYOUT,
+    TOKEN_ID,
+    VERSION,
+    decode,
+    encode,
+    int_range,
+)
 from trd.protocol.messages import (
     MAX_EXTRA,
     Abort,
@@ -21,6 +29,8 @@ from trd.protocol.messages import (
 __all__ = [
     "MAX_EXTRA",
     "MAX_MODELS",
+    "PARAMS_LAYOUT",
+    "TOKEN_ID",
     "VERSION",
     "Abort",
     "Control",
@@ -37,4 +47,5 @@ __all__ = [
     "Submit",
     "decode",
     "encode",
+    "int_range",
 ]

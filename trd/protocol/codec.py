@@ -51,11 +51,18 @@ from trd.protocol.messages import (
     Submit,
 )
 
-VERSION = 2
+VERSION = 2  # 2: min_tokens in the params block
 _T_SUBMIT, _T_PEER, _T_EMIT, _T_ABORT, _T_READY, _T_DONE = 1, 2, 3, 4, 5, 6
 _T_STATS, _T_CONTROL = 7, 8
 MAX_MODELS = 255
-_PARAMS = struct.Struct("<IddIqBII")
+# The params block's fixed fields in wire order. The front end derives its request
+# limits from these widths (trd.frontend.openai_api), so whatever it accepts fits here.
+PARAMS_LAYOUT: dict[str, str] = {
+    "max_tokens": "I", "temperature": "d", "top_p": "d", "top_k": "I", "seed": "q",
+    "ignore_eos": "B", "min_tokens": "I", "n_stop": "I",
+}  # fmt: skip
+TOKEN_ID = "i"  # prompt and stop token ids
+_PARAMS = struct.Struct("<" + "".join(PARAMS_LAYOUT.values()))
 _SUBMIT = struct.Struct("<BBQI")
 _PEER = struct.Struct("<BBQIBIIdIIBB")
 _EMIT = struct.Struct("<BBQIBII")
@@ -72,6 +79,14 @@ _PEER_KINDS = {k.value: k for k in PeerKind}
 _FINISH_REASONS = {f.value: f for f in FinishReason}
 
 
+def int_range(code: str) -> tuple[int, int]:
+    """The integers a struct format code carries: "I" -> (0, 2**32 - 1), "q" -> ±2**63."""
+    bits = 8 * struct.calcsize(code)
+    if code.islower():  # b h i l q: signed
+        return -(1 << bits - 1), (1 << bits - 1) - 1
+    return 0, (1 << bits) - 1
+
+
 def _raw(name: str, arr: np.ndarray, dtype: np.dtype = _I32) -> bytes:
     if not isinstance(arr, np.ndarray) or arr.dtype != dtype or arr.ndim != 1:
         raise ProtocolError(f"{name} must be a 1-D {dtype} numpy array, got {arr!r:.80}")
@@ -80,12 +95,11 @@ def _raw(name: str, arr: np.ndarray, dtype: np.dtype = _I32) -> bytes:
 
 def _enc_params(p: SamplingParams) -> bytes:
     seed = -1 if p.seed is None else p.seed
-    head = _PARAMS.pack(
-        p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, p.min_tokens,
-        len(p.stop_token_ids),
-    )  # fmt: skip
     n = len(p.stop_token_ids)
-    return head + struct.pack(f"<{n}i", *p.stop_token_ids) if n else head
+    head = _PARAMS.pack(
+        p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, p.min_tokens, n
+    )
+    return head + struct.pack(f"<{n}{TOKEN_ID}", *p.stop_token_ids) if n else head
 
 
 def _enc_submit(m: Submit) -> bytes:
@@ -200,7 +214,7 @@ def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
     try:
         params = SamplingParams(
             max_tokens, temp, top_p, top_k, None if seed == -1 else seed,
-            struct.unpack_from(f"<{n_stop}i", buf, off), bool(ignore_eos), min_tokens,
+            struct.unpack_from(f"<{n_stop}{TOKEN_ID}", buf, off), bool(ignore_eos), min_tokens,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(f"invalid sampling params: {e}") from e

@@ -1,0 +1,189 @@
+"""The request schema of /v1/completions and /v1/chat/completions, declared once.
+
+Every integer limit comes from the width its field has on the wire to the engines
+(`trd.protocol.PARAMS_LAYOUT`), so a request accepted here always encodes. Besides
+OpenAI's fields we accept vLLM's extensions that real clients send (top_k, min_tokens,
+ignore_eos, stop_token_ids, stream_options.continuous_usage_stats). Fields we cannot
+honour are accepted only at their no-op value (n=1, echo=false, ...); fields we do not
+know are ignored, as OpenAI's API does. Strict types: 2.0 is not an integer, "1" is not
+a number, 1 is not a boolean.
+
+Unions are tagged by a function of the JSON type, so a mistake gives one error in one
+branch; tags are written "<...>" and left out of the field path shown to the client.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from annotated_types import Interval
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+)
+from pydantic_core import PydanticCustomError
+
+from trd.protocol import PARAMS_LAYOUT, TOKEN_ID, int_range
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+
+
+def wire_range(field: str, low: int | None = None) -> Interval:
+    """The values `field` takes: up to its wire width's maximum, from `low` if given."""
+    lo, hi = int_range(PARAMS_LAYOUT[field])
+    return Interval(ge=lo if low is None else low, le=hi)
+
+
+def _valid_unicode(v: Any) -> Any:
+    # json.loads turns "\ud800" into a lone surrogate, which no encoder accepts later.
+    if isinstance(v, str) and not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise PydanticCustomError(
+                "unicode",
+                "must be valid Unicode, but has a lone surrogate ({char}) at index {index}",
+                {"char": f"U+{ord(v[e.start]):04X}", "index": e.start},
+            ) from None
+    return v
+
+
+def _in_vocab(ids: list[int], info: ValidationInfo) -> list[int]:
+    vocab = (info.context or {})["vocab_size"]
+    if ids and max(ids) >= vocab:  # max() first: a prompt may hold a million ids
+        bad = next(i for i, t in enumerate(ids) if t >= vocab)
+        raise PydanticCustomError(
+            "token_id",
+            "token id {token} at index {index} is outside the vocabulary [0, {vocab})",
+            {"vocab": vocab, "token": ids[bad], "index": bad},
+        )
+    return ids
+
+
+def _only(*allowed: Any) -> AfterValidator:
+    """A field we cannot honour: only these values (of these JSON types) are accepted."""
+    shown = " or ".join(json.dumps(a) for a in allowed)
+
+    def check(v: Any) -> Any:
+        if any(v == a and type(v) is type(a) for a in allowed):
+            return v
+        raise PydanticCustomError("unsupported", "only {allowed} is supported", {"allowed": shown})
+
+    return AfterValidator(check)
+
+
+def _json_type(v: Any) -> str | None:
+    return "<str>" if isinstance(v, str) else "<list>" if isinstance(v, list) else None
+
+
+def _str_or_list(expected: str) -> Discriminator:
+    """A union of a string form ("<str>") and an array form ("<list>"): one is validated."""
+    return Discriminator(_json_type, custom_error_type="type", custom_error_message=expected)
+
+
+def _one_prompt(v: Any) -> Any:
+    """A batch of one prompt is that prompt; a batch of several is refused by name."""
+    if isinstance(v, list) and v and all(isinstance(p, str | list) for p in v):
+        if len(v) > 1:
+            raise PydanticCustomError("batch", "only one prompt per request is supported")
+        return v[0]
+    return v
+
+
+UNICODE, IN_VOCAB = BeforeValidator(_valid_unicode), AfterValidator(_in_vocab)
+Text = Annotated[str, UNICODE]
+TokenId = Annotated[int, Interval(ge=0, le=int_range(TOKEN_ID)[1])]
+TokenIds = Annotated[list[TokenId], Field(min_length=1, fail_fast=True), IN_VOCAB]
+StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), UNICODE]
+Stop = Annotated[
+    Annotated[StopText, Tag("<str>")]
+    | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS), Tag("<list>")],
+    _str_or_list("expected a string or an array of strings"),
+]
+Prompt = Annotated[
+    Annotated[str, Field(min_length=1), UNICODE, Tag("<str>")] | Annotated[TokenIds, Tag("<list>")],
+    _str_or_list("expected a string or an array of token ids"),
+    BeforeValidator(_one_prompt),
+]
+MaxTokens = Annotated[int, wire_range("max_tokens", low=1)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+
+
+class StreamOptions(_Schema):
+    include_usage: bool | None = None  # a last chunk with the usage
+    continuous_usage_stats: bool | None = None  # the usage so far in every chunk (vLLM)
+
+
+class TextPart(_Schema):
+    type: Literal["text"]
+    text: Text
+
+
+Content = Annotated[
+    Annotated[Text, Tag("<str>")] | Annotated[list[TextPart], Tag("<list>")],
+    _str_or_list("expected a string or an array of text parts"),
+]
+
+
+class ChatMessage(_Schema):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Content
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class GenerationRequest(_Schema):
+    """The fields both endpoints share."""
+
+    model: Text
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None  # OpenAI's newer name; wins over max_tokens
+    min_tokens: Annotated[int, wire_range("min_tokens")] | None = None
+    temperature: Annotated[float, Interval(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Interval(gt=0, le=1)] | None = None
+    top_k: Annotated[int, wire_range("top_k", low=-1)] | None = None  # -1 and 0: off
+    seed: Annotated[int, wire_range("seed", low=0)] | None = None  # -1 is None on the wire
+    stop: Stop | None = None
+    stop_token_ids: (
+        Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS), IN_VOCAB] | None
+    ) = None
+    ignore_eos: bool | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: Text | None = None  # an end-user label; only checked
+    n: Annotated[Any, _only(None, 1)] = None
+    best_of: Annotated[Any, _only(None, 1)] = None
+    logprobs: Annotated[Any, _only(None, False)] = None
+    top_logprobs: Annotated[Any, _only(None, 0)] = None
+    echo: Annotated[Any, _only(None, False)] = None
+    suffix: Annotated[Any, _only(None, "")] = None
+    presence_penalty: Annotated[Any, _only(None, 0, 0.0)] = None
+    frequency_penalty: Annotated[Any, _only(None, 0, 0.0)] = None
+    repetition_penalty: Annotated[Any, _only(None, 1, 1.0)] = None
+    logit_bias: Annotated[Any, _only(None, {})] = None
+    tools: Annotated[Any, _only(None, [])] = None
+    tool_choice: Annotated[Any, _only(None, "none", "auto")] = None
+    response_format: Annotated[Any, _only(None, {"type": "text"})] = None
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: Prompt
+
+
+class ChatRequest(GenerationRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
