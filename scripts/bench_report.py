@@ -133,6 +133,10 @@ def profile_table(runs: list[dict[str, Any]]) -> list[str]:
         for r, m in cols
     )
     lines.append(f"| prompt tokens served from the cache | - | {hits} |")
+    busy = " | ".join(
+        f"{100 * sum(r['profile'][m]['seconds'].values()) / r['wall_s']:.0f}%" for r, m in cols
+    )
+    lines.append(f"| time in the phases / run wall time | - | {busy} |")
     return lines
 
 
@@ -198,7 +202,9 @@ def render(data: dict[str, Any], out: Path) -> str:
         "`match` hash the full blocks and look up the longest cached prefix; `lock` reference",
         "the matched pages; `forward` the batched forward over the uncached suffixes;",
         "`insert` cache the new full blocks; `unlock` release the pages. The paper's column",
-        "is its profile of SGLang's step (the rest of its step, 11%, is other work).",
+        "is its profile of SGLang's step (the rest of its step, 11%, is other work). The last",
+        "row is how busy each server was: the rest of the run it waited for calls, which",
+        "spend their time in aiohttp (client and server) and in the dispatcher.",
         "",
         *profile_table(runs),
         "",

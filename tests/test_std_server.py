@@ -97,11 +97,13 @@ def test_report_shows_the_profile_next_to_the_papers() -> None:
                "insert": 0.5, "unlock": 0.5}  # fmt: skip
     prof = {"calls": 1000, "prompt_tokens": 10000, "cached_tokens": 9000,
             "seconds": seconds, "shares": shares(seconds)}  # fmt: skip
-    run = {"system": "std", "workload": "long@512", "profile": {"small": prof, "large": prof}}
+    profile = {"small": prof, "large": prof}
+    run = {"system": "std", "workload": "long@512", "wall_s": 20.0, "profile": profile}
     lines = profile_table([run, {"system": "std", "workload": "short"}])
     assert lines[0] == "| phase | paper (SGLang, small model) | std small | std large |"
     assert "| match | 20.9% | 20.0% (2.00) | 20.0% (2.00) |" in lines
     assert "| forward | 4.2% | 40.0% (4.00) | 40.0% (4.00) |" in lines
     assert "| http_json | - | 10.0% (1.00) | 10.0% (1.00) |" in lines
-    assert lines[-1] == "| prompt tokens served from the cache | - | 90% | 90% |"
+    assert lines[-2] == "| prompt tokens served from the cache | - | 90% | 90% |"
+    assert lines[-1] == "| time in the phases / run wall time | - | 50% | 50% |"
     assert profile_table([]) == ["(no standard-serving profile in this run)"]

@@ -13,8 +13,10 @@ Each call is a new one-token request carrying its full context. With the cache o
              unreferenced cached blocks when no page is empty)
     insert   the computed full blocks, then release the pages: the KV stays cached
 
-With the cache off the engine is the stateless server: every call prefills its whole
-context into fresh pages that are freed at the end.
+A request the scheduler preempts drops its references and recomputes from its first
+token when it runs again (it does not match a second time). With the cache off the
+engine is the stateless server: every call prefills its whole context into fresh
+pages that are freed at the end.
 """
 
 from __future__ import annotations
