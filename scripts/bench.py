@@ -5,7 +5,9 @@ threshold and the same greedy requests:
 
     tokenrouterd          the daemon, delayed-batching thresholds from its Markov model
     official              research-code loop: HF models, own KV caches, one request at a time
-    std                   one standard server per model + a token-by-token HTTP dispatcher
+    std                   one standard server per model + a token-by-token HTTP dispatcher;
+                          the servers keep a prefix cache (as vLLM and SGLang do)
+    std_nocache           the same, stateless servers: every call re-prefills its context
     no_delayed_batching   tokenrouterd with every threshold at 1
     no_pending_kv         tokenrouterd freeing a request's KV when it leaves an engine
     step_sync             tokenrouterd with a global barrier between engine steps

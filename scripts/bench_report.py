@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt
 
 from trd.tinymodels.build import SPECS
 
+from baselines.phases import PHASES
 from benchkit.targets import (
     batching_gain,
     ceiling_rows,
@@ -31,6 +32,10 @@ from benchkit.targets import (
 
 FULL = "tokenrouterd"
 LADDER = ("no_delayed_batching", "no_pending_kv", "step_sync", "forced_delay", FULL)
+STD = ("std", "std_nocache")
+# The paper's profile of one small-model step of SGLang (radix cache) in standard
+# serving, by our phase names; insert = "updating the radix cache". Shares of the step.
+PAPER = {"match": 0.209, "lock": 0.175, "forward": 0.042, "insert": 0.326, "unlock": 0.138}
 
 
 def run_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -57,7 +62,7 @@ def run_table(runs: list[dict[str, Any]]) -> list[str]:
 def plot_vs_n(runs: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = sorted({r["n"] for r in runs if r["workload"] == "short" and r["system"] == FULL})
-    for system in (FULL, "std", "official"):
+    for system in (FULL, *STD, "official"):
         pts = sorted((r["n"], r["throughput"]) for r in runs
                      if r["system"] == system and r["workload"] == "short")  # fmt: skip
         if system == "official" and pts:  # one request at a time: the same at every N
@@ -76,7 +81,7 @@ def plot_vs_n(runs: list[dict[str, Any]], path: Path) -> None:
 def plot_vs_length(runs: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     lengths = sorted({r["max_tokens"] for r in runs if r["workload"].startswith("long")})
-    for system in (FULL, "std"):
+    for system in (FULL, *STD):
         pts = sorted((r["max_tokens"], r["throughput"]) for r in runs
                      if r["system"] == system and r["workload"].startswith("long"))  # fmt: skip
         if pts:
@@ -101,6 +106,38 @@ def plot_ladder(runs: list[dict[str, Any]], top_n: int, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def profile_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Per-phase shares of each standard server's time in its long-output run."""
+    found = [r for r in runs if r["system"] in STD and r["workload"].startswith("long")]
+    found = [r for r in found if r.get("profile")]
+    if not found:
+        return ["(no standard-serving profile in this run)"]
+    cols = [(r, model) for r in found for model in r["profile"]]
+    head = " | ".join(f"{r['system']} {model}" for r, model in cols)
+    lines = [
+        f"| phase | paper (SGLang, small model) | {head} |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for phase in PHASES:
+        paper = f"{100 * PAPER[phase]:.1f}%" if phase in PAPER else "-"
+        cells = " | ".join(
+            f"{100 * r['profile'][m]['shares'][phase]:.1f}% "
+            f"({1e3 * r['profile'][m]['seconds'][phase] / max(1, r['profile'][m]['calls']):.2f})"
+            for r, m in cols
+        )
+        lines.append(f"| {phase} | {paper} | {cells} |")
+    hits = " | ".join(
+        f"{100 * r['profile'][m]['cached_tokens'] / max(1, r['profile'][m]['prompt_tokens']):.0f}%"
+        for r, m in cols
+    )
+    lines.append(f"| prompt tokens served from the cache | - | {hits} |")
+    busy = " | ".join(
+        f"{100 * sum(r['profile'][m]['seconds'].values()) / r['wall_s']:.0f}%" for r, m in cols
+    )
+    lines.append(f"| time in the phases / run wall time | - | {busy} |")
+    return lines
 
 
 def render(data: dict[str, Any], out: Path) -> str:
@@ -156,6 +193,21 @@ def render(data: dict[str, Any], out: Path) -> str:
         "|---|---|---|---|---|---|---|---|---|",
         *ceiling_rows(runs),
         "",
+        "## Standard serving: where a server's time goes",
+        "",
+        "Measured inside each standard server (`GET /profile`) over the long-output run at the",
+        "largest N: share of the phases' summed time and, in brackets, ms per call (forward:",
+        "summed over batches, each serving several calls). Phases: `http_json` decode the",
+        "body and encode the reply in the handler; `admit` validate and queue the request;",
+        "`match` hash the full blocks and look up the longest cached prefix; `lock` reference",
+        "the matched pages; `forward` the batched forward over the uncached suffixes;",
+        "`insert` cache the new full blocks; `unlock` release the pages. The paper's column",
+        "is its profile of SGLang's step (the rest of its step, 11%, is other work). The last",
+        "row is how busy each server was: the rest of the run it waited for calls, which",
+        "spend their time in aiohttp (client and server) and in the dispatcher.",
+        "",
+        *profile_table(runs),
+        "",
         "## Plots",
         "",
         f"![throughput vs N]({plots['vs_n']})",
@@ -173,8 +225,13 @@ def render(data: dict[str, Any], out: Path) -> str:
         "over transformers models, a `DynamicCache` per model and request, one request at a "
         "time (its throughput does not depend on N, so it runs once).",
         "- **std**: `scripts/baselines/std_server.py` (one single-model server per model, "
-        "continuous batching, stateless: no prefix cache) and `scripts/baselines/dispatcher.py`, "
-        "which routes token by token over HTTP sending the full context on every call.",
+        "continuous batching, a prefix cache built the way vLLM's automatic prefix caching "
+        "is: KV pages keyed by a hash chain per full block, reference-counted while a call "
+        "uses them, evicted LRU) and `scripts/baselines/dispatcher.py`, which routes token "
+        "by token over HTTP sending the full context on every call; each call prefills only "
+        "the part past its longest cached run of full blocks.",
+        "- **std_nocache**: the same servers with `--no-prefix-cache`: stateless, every call "
+        "re-prefills its whole context.",
         "- **no_delayed_batching / no_pending_kv / step_sync**: tokenrouterd with every "
         "threshold at 1 / `engine.pending_kv: false` / `engine.step_sync: true`.",
         "- **forced_delay**: tokenrouterd with the large model's delayed-batching threshold "
@@ -196,8 +253,9 @@ SHORTFALL_NOTES = [
     "  client share the same 2 cores. Timings carry several percent of run-to-run noise",
     "  (more when other jobs run on the host; each short-workload comparison at the largest",
     "  N is run twice and the faster run kept); gaps smaller than that are not evidence.",
-    "- The std baseline's servers have no prefix cache; a server with one (vLLM APC, SGLang",
-    "  radix cache) would avoid re-prefilling the context on every call and narrow that gap.",
+    "- std's prefix cache reuses whole blocks only (16 tokens, as vLLM): a call re-feeds",
+    "  its partial last block, 1 to 16 tokens. SGLang's radix cache at page size 1 would",
+    "  feed one token, but still match, lock, insert and unlock on every call.",
     "- Attention over the paged KV cache runs in torch on CPU, so steps get slower as",
     "  contexts grow; that, not scheduling, is what long outputs lose.",
 ]

@@ -9,8 +9,10 @@ token and its normalised entropy, and applies R-Stitch itself (the rule of
     on the large model, H <= tau: keep the token, return to the small model
     otherwise keep the token and stay
 
-This is the paper's "Std. Serving": the servers never see a request twice, so every
-handoff re-sends (and re-prefills) the whole context.
+This is the paper's "Std. Serving": the servers know nothing of the routed request, so
+every call re-sends the whole context; a server's prefix cache spares the re-prefill
+of the full blocks it has already computed (`std`), a stateless server re-prefills
+all of it (`std_nocache`).
 """
 
 from __future__ import annotations

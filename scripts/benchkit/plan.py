@@ -3,7 +3,9 @@
 Sizes are chosen so `full` runs in well under 20 minutes on a 2-core CPU host: every
 system runs the short workload at each N; the output-length sweep, the agent workload
 and the ablations run at the largest N only; the research-code loop runs a few
-requests, since it serves one request at a time whatever N is.
+requests, since it serves one request at a time whatever N is. Standard serving runs
+twice, with its servers' prefix cache (`std`) and stateless (`std_nocache`), on the
+short workload at each N and at `std_length` output tokens at the largest N.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Runs every system on every workload of a plan and collects the results.
 
     official -> tokenrouterd (thresholds all 1, then the Markov recommendation)
-             -> ablation daemons -> standard serving
-    each run: closed loop at N, records, summary, and for daemons the forward ceiling
+             -> ablation daemons -> standard serving (std: prefix cache, std_nocache: none)
+    each run: closed loop at N, records, summary; for daemons the forward ceiling, for
+    standard servers the per-phase profile of each server (`baselines/phases.py`)
 
 Outputs of every system are checked against tokenrouterd's on the same prompts.
 """
@@ -27,14 +28,16 @@ from trd.protocol import SamplingParams
 
 from baselines.dispatcher import Dispatcher
 from baselines.official import OfficialRouter
+from baselines.phases import delta
 from benchkit.client import OpenAIClient, Record, Send, closed_loop
 from benchkit.plan import Plan
 from benchkit.summary import ceiling, summarize
-from benchkit.systems import Daemon, daemon_config, start_daemon, start_std_server
+from benchkit.systems import Daemon, Server, daemon_config, start_daemon, start_std_server
 from benchkit.workloads import WORKLOADS, Workload, prompts
 
 MODEL = "small+large"
 FORCED_DELAY = [1, 1, 1, 2, 2, 2, 2, 4]  # the large model's B by active requests (8+: 4)
+STD = {"std": True, "std_nocache": False}  # standard-serving systems: prefix cache on?
 ABLATIONS = {"no_pending_kv": {"pending_kv": False}, "step_sync": {"step_sync": True}}
 
 
@@ -86,19 +89,31 @@ class Bench:
         count: int,
         daemon: Daemon | None,
         repeats: int = 1,
+        std: dict[str, Server] | None = None,
     ) -> dict[str, Any]:
         """Run `repeats` times and keep the fastest: the host is shared, noise only slows."""
-        runs = [await self._measure_once(system, send, w, n, count, daemon) for _ in range(repeats)]
+        runs = [
+            await self._measure_once(system, send, w, n, count, daemon, std) for _ in range(repeats)
+        ]
         best = max(runs, key=lambda r: r["throughput"])
         best["throughputs"] = [r["throughput"] for r in runs]
         self.runs.append(best)
         return best
 
     async def _measure_once(
-        self, system: str, send: Send, w: Workload, n: int, count: int, daemon: Daemon | None
+        self,
+        system: str,
+        send: Send,
+        w: Workload,
+        n: int,
+        count: int,
+        daemon: Daemon | None,
+        std: dict[str, Server] | None,
     ) -> dict[str, Any]:
+        """One closed-loop run; daemons add the forward ceiling, std servers their profile."""
         jobs = self.prompts(w, count)
         before = daemon.admin_get("/stats/raw") if daemon else None
+        profiles = {m: s.get("/profile") for m, s in (std or {}).items()}
         records, wall = await closed_loop(send, jobs, w.max_tokens, n, f"{system} {w.name} N={n}")
         run = {
             "system": system, "workload": w.name, "prompt_tokens": w.prompt_tokens,
@@ -108,6 +123,8 @@ class Bench:
         if daemon and before is not None:
             await asyncio.sleep(1.2)  # engines publish Stats every 0.5 s
             run["ceiling"] = ceiling(before, daemon.admin_get("/stats/raw"), records)
+        if std:
+            run["profile"] = {m: delta(profiles[m], s.get("/profile")) for m, s in std.items()}
         print(
             f"{system:20} {w.name:10} N={n:<3} {run['throughput']:8.1f} tok/s "
             f"large {100 * run['large_fraction']:5.1f}%  wall {wall:6.1f} s",
@@ -123,7 +140,8 @@ class Bench:
             await self.run_tokenrouterd(session)
             for name, switch in ABLATIONS.items():
                 await self.run_ablation(session, name, switch)
-            await self.run_std(session)
+            for system, prefix_cache in STD.items():
+                await self.run_std(session, system, prefix_cache)
         return {
             "machine": machine(),
             "total_s": time.perf_counter() - started,
@@ -213,21 +231,25 @@ class Bench:
         finally:
             d.server.stop()
 
-    async def run_std(self, session: aiohttp.ClientSession) -> None:
-        servers = [
-            start_std_server(f"std_{m}", self.models[m], self.logs) for m in ("small", "large")
-        ]
+    async def run_std(
+        self, session: aiohttp.ClientSession, system: str, prefix_cache: bool
+    ) -> None:
+        servers = {
+            m: start_std_server(f"{system}_{m}", self.models[m], self.logs, prefix_cache)
+            for m in ("small", "large")
+        }
         try:
-            urls = [s.url for s in servers]
-            disp = Dispatcher(session, urls, ["small", "large"], self.tau, self.tokenizer)
+            urls = [s.url for s in servers.values()]
+            disp = Dispatcher(session, urls, list(servers), self.tau, self.tokenizer)
             await closed_loop(disp.send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
             w = self.workload("short")
             for n in self.plan.ns:
-                await self.measure("std", disp.send, w, n, self.plan.requests(n), None)
+                count = self.plan.requests(n)
+                await self.measure(system, disp.send, w, n, count, None, std=servers)
             w = self.workload("long", self.plan.std_length)
-            await self.measure("std", disp.send, w, self.top_n, self.top_n, None)
+            await self.measure(system, disp.send, w, self.top_n, self.top_n, None, std=servers)
         finally:
-            for s in servers:
+            for s in servers.values():
                 s.stop()
 
     # -- checks ----------------------------------------------------------------------

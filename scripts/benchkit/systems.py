@@ -52,6 +52,10 @@ class Server:
         self.stop()
         raise RuntimeError(f"{self.name} not healthy in {START_TIMEOUT_S} s")
 
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=30) as resp:
+            return json.loads(resp.read())
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -67,7 +71,8 @@ def spawn(name: str, argv: list[str], folder: Path) -> Server:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT / "scripts")},
+            # The tree itself first: a checkout other than the installed one runs its own trd.
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "scripts")])},
         )  # fmt: skip
     return Server(name, proc, "", log)
 
@@ -112,9 +117,10 @@ def start_daemon(name: str, cfg: dict[str, Any], folder: Path) -> Daemon:
     return Daemon(server.up(), f"http://{cfg['admin']}")
 
 
-def start_std_server(name: str, model: Path, folder: Path) -> Server:
+def start_std_server(name: str, model: Path, folder: Path, prefix_cache: bool = True) -> Server:
     port = free_port()
     argv = [str(ROOT / "scripts/baselines/std_server.py"), "--model", str(model)]
+    argv += [] if prefix_cache else ["--no-prefix-cache"]
     server = spawn(name, [*argv, "--port", str(port)], folder)
     server.url = f"http://127.0.0.1:{port}"
     return server.up()

@@ -1,0 +1,191 @@
+"""A prefix cache over KV pages, the way vLLM's automatic prefix caching keeps one.
+
+Pure Python, no torch. One page holds one block of `page_size` tokens. A FULL block
+is named by a hash chain, key_i = (hash(key_{i-1}), tokens of block i), so a key
+stands for the whole prefix up to the end of its block; a partial block is never
+cached. Every page is in exactly one of three states:
+
+    referenced  ref > 0: some request's page table lists it; never evicted
+    evictable   ref = 0, holds a cached block: kept in LRU order until a page is needed
+    empty       ref = 0, no block
+
+    keys:   {k0: 3, k1: 7}                 page 3 holds block 0 of some prefix, 7 its block 1
+    refs:   [0, 0, 1, 0, 0, 0, 0, 0]       page 2 is in use by one request
+    lru:    3, 7   (oldest first)          evictable, evicted from the left
+    empty:  [0, 1, 4, 5, 6]
+
+A request matches its longest run of cached keys, takes a reference on those pages,
+gets fresh pages for the rest, inserts its full blocks once their KV is computed, and
+releases its pages at the end. The page budget is the pool itself: a cached page
+stays until an allocation finds no empty page, then the least recently released
+evictable page is evicted. Within one release the last block is queued first, so a
+prefix's tail is evicted before its head (vLLM frees a request's blocks in reverse
+for the same reason: a head block is shared by more prefixes).
+
+Why a hash chain and not a radix tree (SGLang): with pages of `page_size` tokens only
+whole blocks can be shared either way, and the dispatcher's calls extend one sequence
+by a token at a time, so a lookup per block in a dict does what a tree walk would,
+with less to keep consistent. Keys compare the block's tokens exactly; the parent is
+named by its 64-bit hash, the same risk vLLM takes with its builtin-hash mode.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from trd.engines.pages import OutOfPages
+
+BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent block's key, block tokens)
+ROOT = 0  # parent hash of a sequence's first block
+
+
+@dataclass
+class CacheCounters:
+    queried_blocks: int = 0  # full blocks looked up by match()
+    hit_blocks: int = 0
+    evictions: int = 0
+
+
+class PrefixCache:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"need num_pages, page_size >= 1; got {num_pages}, {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.refs = [0] * num_pages
+        self._page_of: dict[BlockKey, int] = {}
+        self._key_of: dict[int, BlockKey] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # evictable pages, oldest first
+        self._empty = list(range(num_pages - 1, -1, -1))  # stack: page 0 is handed out first
+        self.counters = CacheCounters()
+
+    # -- keys ------------------------------------------------------------------------
+    def block_keys(self, tokens: Sequence[int], known: Sequence[BlockKey] = ()) -> list[BlockKey]:
+        """Keys of every full block of `tokens`, extending `known` (the keys of its start)."""
+        keys = list(known)
+        parent = hash(keys[-1]) if keys else ROOT
+        ps = self.page_size
+        for start in range(len(keys) * ps, len(tokens) - ps + 1, ps):
+            key = (parent, tuple(tokens[start : start + ps]))
+            keys.append(key)
+            parent = hash(key)
+        return keys
+
+    # -- the request path ------------------------------------------------------------
+    def match(self, keys: Sequence[BlockKey]) -> list[int]:
+        """Pages of the longest cached run of `keys` from the first block on."""
+        pages = []
+        for key in keys:
+            page = self._page_of.get(key)
+            if page is None:
+                break
+            pages.append(page)
+        self.counters.queried_blocks += len(keys)
+        self.counters.hit_blocks += len(pages)
+        return pages
+
+    def acquire(self, pages: Iterable[int]) -> None:
+        """Take a reference on cached pages (a match): they can no longer be evicted."""
+        for page in pages:
+            if page not in self._key_of:
+                raise AssertionError(f"page {page} is acquired but holds no cached block")
+            if self.refs[page] == 0:
+                del self._lru[page]
+            self.refs[page] += 1
+
+    @property
+    def num_free(self) -> int:
+        """Pages an allocation can get: empty ones, then evictable ones."""
+        return len(self._empty) + len(self._lru)
+
+    def allocate(self, count: int) -> list[int]:
+        """`count` pages with one reference each: empty pages first, then LRU evictions."""
+        if count > self.num_free:
+            raise OutOfPages(
+                f"asked for {count} pages, {self.num_free} free or evictable "
+                f"({self.num_pages - self.num_free} referenced)"
+            )
+        pages = []
+        for _ in range(count):
+            if self._empty:
+                page = self._empty.pop()
+            else:
+                page, _ = self._lru.popitem(last=False)
+                del self._page_of[self._key_of.pop(page)]
+                self.counters.evictions += 1
+            self.refs[page] = 1
+            pages.append(page)
+        return pages
+
+    def insert(self, keys: Sequence[BlockKey], pages: Sequence[int]) -> int:
+        """Cache block i in pages[i] for every i < len(keys); return how many are new.
+
+        The caller holds references on `pages` and their first len(keys) blocks hold
+        computed KV. A block already cached in another page (two requests computed
+        it) stays uncached in this one, so each key names one page.
+        """
+        if len(keys) > len(pages):
+            raise ValueError(f"{len(keys)} block keys for {len(pages)} pages")
+        new = 0
+        for key, page in zip(keys, pages, strict=False):
+            if self.refs[page] == 0:
+                raise AssertionError(f"page {page} inserted without a reference")
+            have = self._key_of.get(page)
+            if have is not None:
+                if have != key:
+                    raise AssertionError(f"page {page} holds another block than the one inserted")
+                continue
+            if key not in self._page_of:
+                self._page_of[key] = page
+                self._key_of[page] = key
+                new += 1
+        return new
+
+    def release(self, pages: Sequence[int]) -> None:
+        """Drop one reference per page; the last block becomes evictable first."""
+        for page in reversed(pages):
+            if self.refs[page] <= 0:
+                raise AssertionError(f"page {page} released with no reference held")
+            self.refs[page] -= 1
+            if self.refs[page] == 0:
+                if page in self._key_of:
+                    self._lru[page] = None
+                else:
+                    self._empty.append(page)
+
+    # -- checks ----------------------------------------------------------------------
+    @property
+    def num_cached(self) -> int:
+        return len(self._key_of)
+
+    def check_integrity(self, tables: Iterable[Sequence[int]] | None = None) -> None:
+        """Every page is referenced xor evictable xor empty; keys and pages agree.
+
+        With `tables` (every live page table), each page's reference count must equal
+        the number of tables that list it.
+        """
+        if any(self._page_of.get(k) != p for p, k in self._key_of.items()) or len(
+            self._page_of
+        ) != len(self._key_of):
+            raise AssertionError("block keys and cached pages disagree")
+        referenced = {p for p in range(self.num_pages) if self.refs[p] > 0}
+        if any(r < 0 for r in self.refs):
+            raise AssertionError("a page has a negative reference count")
+        empty, lru = set(self._empty), set(self._lru)
+        if len(empty) != len(self._empty):
+            raise AssertionError("the empty list repeats a page")
+        if empty & lru or (empty | lru) & referenced:
+            raise AssertionError("a page is in two of referenced / evictable / empty")
+        if len(empty) + len(lru) + len(referenced) != self.num_pages:
+            raise AssertionError("pages leaked: referenced + evictable + empty != total")
+        if lru != {p for p in self._key_of if self.refs[p] == 0} or empty & set(self._key_of):
+            raise AssertionError("an unreferenced cached page is not evictable, or empty & cached")
+        if tables is not None:
+            counts = [0] * self.num_pages
+            for table in tables:
+                for page in table:
+                    counts[page] += 1
+            if counts != self.refs:
+                raise AssertionError("reference counts disagree with the live page tables")

@@ -1,0 +1,112 @@
+"""The standard servers over HTTP: with the prefix cache they give the stateless tokens.
+
+The R-Stitch dispatcher runs the same prompts against a pair of cached servers and a
+pair of stateless ones (the real aiohttp apps on loopback ports, in this process so
+that four servers start in a second; the bench smoke test runs them as processes);
+token ids, the producing model of each token and the handoffs must agree, and each
+server's /profile must account for the calls it served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from bench_report import profile_table
+
+from trd.engines.spec import EngineSpec
+
+from baselines.dispatcher import Dispatcher
+from baselines.phases import Profile, shares
+from baselines.std_engine import StdEngine
+from baselines.std_server import make_app
+from benchkit.client import Record, closed_loop
+from benchkit.systems import free_port
+from benchkit.workloads import Workload, prompts
+
+TAU = 0.8
+MAX_TOKENS = 24
+MODELS = ("small", "large")
+
+
+class TokenIds:
+    """Stands in for the tokenizer so a record's text is its exact token ids."""
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+async def serve_and_dispatch(
+    models: dict[str, Path], prefix_cache: bool, jobs: list[list[int]]
+) -> tuple[list[Record], dict[str, Any]]:
+    runners, urls = [], []
+    for m in MODELS:
+        spec = EngineSpec.of(models[m])
+        engine = StdEngine(spec, prefix_cache=prefix_cache, profile=Profile())
+        runner = web.AppRunner(make_app(engine))
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        async with aiohttp.ClientSession() as session:
+            disp = Dispatcher(session, urls, list(MODELS), TAU, TokenIds())  # type: ignore
+            records, _ = await closed_loop(disp.send, jobs, MAX_TOKENS, n=len(jobs))
+            profiles = {}
+            for m, url in zip(MODELS, urls, strict=True):
+                async with session.get(f"{url}/profile") as resp:
+                    profiles[m] = await resp.json()
+        return records, profiles
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def test_cached_servers_reproduce_stateless_tokens_and_profile_calls(
+    tiny_models: dict[str, Path],
+) -> None:
+    # Prompts of 45 tokens: calls cross block boundaries (16) and hit full blocks.
+    jobs = prompts(tiny_models["small"], Workload("t", 45, MAX_TOKENS, seed=4), 3)
+    cached, prof_c = asyncio.run(serve_and_dispatch(tiny_models, True, jobs))
+    plain, prof_p = asyncio.run(serve_and_dispatch(tiny_models, False, jobs))
+    assert [r.text for r in cached] == [r.text for r in plain]
+    assert all(len(r.text.split()) == MAX_TOKENS for r in cached)
+    assert [r.tokens_per_model for r in cached] == [r.tokens_per_model for r in plain]
+    assert [r.handoffs for r in cached] == [r.handoffs for r in plain]
+    assert sum(r.handoffs for r in cached) > 0  # both servers served calls
+
+    calls = [sum(p["calls"] for p in prof.values()) for prof in (prof_c, prof_p)]
+    # The same calls in both: one per committed token plus one per token small dropped.
+    assert calls[0] == calls[1] >= len(jobs) * MAX_TOKENS
+    for prof, cache in ((prof_c, True), (prof_p, False)):
+        for p in prof.values():
+            assert p["prefix_cache"] is cache
+            assert sum(p["shares"].values()) == pytest.approx(1.0)
+            assert p["seconds"]["forward"] > 0 and p["seconds"]["http_json"] > 0
+    assert all(p["seconds"]["match"] == 0 and p["cached_tokens"] == 0 for p in prof_p.values())
+    small = prof_c["small"]
+    assert small["cached_tokens"] > 0.7 * small["prompt_tokens"]
+    assert small["seconds"]["match"] > 0 and small["seconds"]["insert"] > 0
+
+
+def test_report_shows_the_profile_next_to_the_papers() -> None:
+    seconds = {"http_json": 1.0, "admit": 1.0, "match": 2.0, "lock": 1.0, "forward": 4.0,
+               "insert": 0.5, "unlock": 0.5}  # fmt: skip
+    prof = {"calls": 1000, "prompt_tokens": 10000, "cached_tokens": 9000,
+            "seconds": seconds, "shares": shares(seconds)}  # fmt: skip
+    profile = {"small": prof, "large": prof}
+    run = {"system": "std", "workload": "long@512", "wall_s": 20.0, "profile": profile}
+    lines = profile_table([run, {"system": "std", "workload": "short"}])
+    assert lines[0] == "| phase | paper (SGLang, small model) | std small | std large |"
+    assert "| match | 20.9% | 20.0% (2.00) | 20.0% (2.00) |" in lines
+    assert "| forward | 4.2% | 40.0% (4.00) | 40.0% (4.00) |" in lines
+    assert "| http_json | - | 10.0% (1.00) | 10.0% (1.00) |" in lines
+    assert lines[-2] == "| prompt tokens served from the cache | - | 90% | 90% |"
+    assert lines[-1] == "| time in the phases / run wall time | - | 50% | 50% |"
+    assert profile_table([]) == ["(no standard-serving profile in this run)"]
