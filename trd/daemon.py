@@ -3,6 +3,7 @@
     tokenrouterd --config FILE       serve (what systemd runs)
     tokenrouterd --demo [--port P]   serve the fixture models with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
+    tokenrouterd import-gguf FILE DIR  turn a llama.cpp GGUF file into a checkpoint folder
 
 Start order: config -> devices -> MPS -> memory plan -> engines (READY from each) ->
 HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT: STOPPING=1, refuse new requests, let
@@ -50,7 +51,11 @@ HANDLER_SHUTDOWN_S = 2.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="tokenrouterd", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="tokenrouterd",
+        description=__doc__.split("\n\n")[0],
+        epilog="tokenrouterd import-gguf --help: import a GGUF file as a checkpoint",
+    )
     p.add_argument("--config", type=Path, help="YAML config file")
     p.add_argument("--demo", action="store_true", help="serve the fixture models on CPU")
     p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
@@ -73,6 +78,11 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["import-gguf"]:  # a one-off command, not the daemon
+        from trd.models.gguf import main as import_gguf_main
+
+        return import_gguf_main(argv[1:])
     args = parse_args(argv)
     tap = None
     if not args.check:

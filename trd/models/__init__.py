@@ -1,0 +1,1 @@
+"""Checkpoints: readers and importers that produce HF-format model directories."""
