@@ -3,6 +3,7 @@
     tokenrouterd --config FILE       serve (what systemd runs)
     tokenrouterd --demo [tiny] [--port P]   serve the demo pair with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
+    tokenrouterd import-gguf FILE DIR  turn a llama.cpp GGUF file into a checkpoint folder
 
 Start order: config -> devices -> MPS -> memory plan -> engines (READY from each) ->
 HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT: STOPPING=1, refuse new requests, let
@@ -49,7 +50,11 @@ HANDLER_SHUTDOWN_S = 2.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="tokenrouterd", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="tokenrouterd",
+        description=__doc__.split("\n\n")[0],
+        epilog="tokenrouterd import-gguf --help: import a GGUF file as a checkpoint",
+    )
     p.add_argument("--config", type=Path, help="YAML config file")
     p.add_argument("--demo", nargs="?", const="tiny", choices=["tiny"],
                    help="serve a built-in model pair on CPU: tiny = the test fixtures")  # fmt: skip
@@ -77,6 +82,11 @@ def _exit_now(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["import-gguf"]:  # a one-off command, not the daemon
+        from trd.models.gguf import main as import_gguf_main
+
+        return import_gguf_main(argv[1:])
     args = parse_args(argv)
     # Until the event loop takes them over, SIGTERM/SIGINT end a start cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):

