@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from trd.engines.spec import EngineSpec
+from trd.engines.spec import BatchingSettings, EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.reference import ReferenceRouter
@@ -40,6 +40,7 @@ from trd.tinymodels.corpus import corpus
 
 Job = tuple[list[int], SamplingParams]
 CALIBRATION_STEPS, CALIBRATION_SLACK = 7, 0.03
+MAX_WAIT_MS = BatchingSettings().max_wait_ms
 
 
 def make_jobs(tok_dir: Path, count: int, max_tokens: int, prompt_len: int = 64) -> list[Job]:
@@ -92,14 +93,16 @@ def summarize(results: list[Generation], wall: float) -> dict[str, Any]:
 def compare_thresholds(group: EngineGroup, jobs: list[Job], n: int) -> dict[str, Any]:
     """All-ones vs the Markov recommendation from the all-ones run's live figures."""
     for spec in group.specs:
-        group.control(spec.index, {"op": "set_thresholds", "thresholds": [1], "max_wait_ms": 20})
+        body = {"op": "set_thresholds", "thresholds": [1], "max_wait_ms": MAX_WAIT_MS}
+        group.control(spec.index, body)
     start = time.perf_counter()
     ones = summarize(run_closed_loop(group, jobs, n), time.perf_counter() - start)
     time.sleep(1.0)  # let every engine publish its latest window
     group.pump(timeout=0.1)
     rec = recommend_live(group.stats, levels=(1, 2, 4, 8, n))
     for spec in group.specs:
-        body = {"op": "set_thresholds", "thresholds": rec["table"][spec.index], "max_wait_ms": 20}
+        table = rec["table"][spec.index]
+        body = {"op": "set_thresholds", "thresholds": table, "max_wait_ms": MAX_WAIT_MS}
         group.control(spec.index, body)
     start = time.perf_counter()
     tuned = summarize(run_closed_loop(group, jobs, n), time.perf_counter() - start)

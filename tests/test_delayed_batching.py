@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trd.engines.launch import BARRIER_POLL_S, BarrierRule, LaunchRule, make_launch_rule
-from trd.engines.spec import EngineSpec
+from trd.engines.spec import BatchingSettings, EngineSpec
 from trd.ipc.counters import Counters
 from trd.supervisor.group import EngineGroup, run_closed_loop
 
@@ -26,6 +26,13 @@ from routing_cases import jobs, reference, specs
 @dataclass
 class Waiting:
     runnable_since: float
+
+
+def with_thresholds(
+    spec: EngineSpec, thresholds: tuple[int, ...], max_wait_ms: float
+) -> EngineSpec:
+    batching = BatchingSettings(max_wait_ms=max_wait_ms)
+    return dataclasses.replace(spec, thresholds=thresholds, batching=batching)
 
 
 @pytest.fixture
@@ -41,7 +48,7 @@ def spec(tiny_models: dict[str, Path]) -> EngineSpec:
 
 
 def test_launch_waits_for_threshold_then_for_max_wait(spec: EngineSpec, counters: Counters) -> None:
-    rule = LaunchRule(dataclasses.replace(spec, thresholds=(1, 3), max_wait_ms=50), counters)
+    rule = LaunchRule(with_thresholds(spec, (1, 3), max_wait_ms=50), counters)
     assert rule.delay(0.0, []) == float("inf")  # nothing runnable
     one = [Waiting(10.0)]
     counters.set_active(2)
@@ -101,10 +108,7 @@ def test_thresholds_hold_launches_in_real_engines_and_keep_outputs(
     work = jobs(paths[0], 6)
     policy, params = "scripted", {"schedule": [0, 1, 1, 0]}
     expected = reference(paths, policy, params, work)
-    delayed = [
-        dataclasses.replace(s, thresholds=(4,), max_wait_ms=5.0)
-        for s in specs(paths, policy, params)
-    ]
+    delayed = [with_thresholds(s, (4,), max_wait_ms=5.0) for s in specs(paths, policy, params)]
     group = EngineGroup(delayed)
     group.start()
     try:

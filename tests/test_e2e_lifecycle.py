@@ -22,12 +22,17 @@ from typing import Any
 import openai
 import pytest
 from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
 
 from trd.cli import request
+from trd.policies.params import PolicySpec
+from trd.protocol import SamplingParams
+from trd.reference import ReferenceRouter
 
-from daemon_fixture import Daemon, launch_daemon, shm_segments, start_daemon, write_config
+from daemon_fixture import SCHEDULE, Daemon, launch_daemon, shm_segments, start_daemon, write_config
 
 STREAM: dict[str, Any] = {"temperature": 0, "stream": True, "extra_body": {"ignore_eos": True}}
+PROMPT = "def main("
 
 
 class NotifyListener:
@@ -76,7 +81,7 @@ def daemon(
         "batching": {"thresholds": {"large": [3]}, "auto_interval_s": 1.0},
     }
     d = start_daemon(
-        write_config(tmp, tiny_models, ["small", "large"], **extra),
+        write_config(tmp, tiny_models, ["small", "large"], dtype="float64", **extra),
         env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "400000"},
     )
     yield d
@@ -86,7 +91,7 @@ def daemon(
 def stream_text(d: Daemon, max_tokens: int, started: threading.Barrier | None = None) -> str:
     """Run one streamed completion; returns its text. Waits at `started` after the first chunk."""
     stream = d.client().completions.create(
-        model=d.model, prompt="def main(", max_tokens=max_tokens, **STREAM
+        model=d.model, prompt=PROMPT, max_tokens=max_tokens, **STREAM
     )
     text = ""
     for i, chunk in enumerate(stream):
@@ -155,27 +160,58 @@ def test_killed_engine_fails_its_requests_and_the_daemon_recovers(daemon: Daemon
     assert len(prefixes) == 1, prefixes
 
 
+def oracle_text(tiny_models: dict[str, Path], max_tokens: int) -> str:
+    """What the routing oracle makes of the streams' prompt (float64, the daemon's policy)."""
+    tok = AutoTokenizer.from_pretrained(tiny_models["small"])
+    ref = ReferenceRouter(
+        [tiny_models["small"], tiny_models["large"]], PolicySpec("scripted", {"schedule": SCHEDULE})
+    )
+    trace = ref.run(tok.encode(PROMPT), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return str(tok.decode(trace.tokens, skip_special_tokens=True))
+
+
 def test_sigterm_during_8_streams_drains_and_exits_0(
-    daemon: Daemon, notify: NotifyListener
+    daemon: Daemon, notify: NotifyListener, tiny_models: dict[str, Path]
 ) -> None:
-    lengths = [8, 8, 8, 8, 480, 480, 480, 480]  # short ones finish in the grace period
+    """Streams that can end within the grace period end exactly as the oracle says; the
+    others get a "shutting down" error, never a cut text that looks complete."""
+    lengths = [8, 8, 8, 8, 480, 480, 480, 480]
+    expected = {n: oracle_text(tiny_models, n) for n in set(lengths)}
+    grace = daemon.config["shutdown"]["grace_s"]
     started = threading.Barrier(len(lengths) + 1)
 
-    def outcome(n: int) -> str:
+    def outcome(n: int) -> tuple[str, str | None, float]:
+        """(text, finish_reason or the error message, when it ended)."""
+        stream = daemon.client().completions.create(
+            model=daemon.model, prompt=PROMPT, max_tokens=n, **STREAM
+        )
+        text, finish = "", None
         try:
-            return "complete" if stream_text(daemon, n, started) else "empty"
+            for i, chunk in enumerate(stream):
+                if chunk.choices:
+                    text += chunk.choices[0].text
+                    finish = chunk.choices[0].finish_reason or finish
+                if i == 0:
+                    started.wait(30)
         except openai.APIError as exc:
-            return f"error: {exc.message}"
+            return text, f"error: {exc.message}", time.monotonic()
+        return text, finish, time.monotonic()
 
     with ThreadPoolExecutor(len(lengths)) as pool:
         futures = [pool.submit(outcome, n) for n in lengths]
         started.wait(60)
+        signalled = time.monotonic()
         daemon.proc.send_signal(signal.SIGTERM)
         results = [f.result(timeout=60) for f in futures]
     assert daemon.proc.wait(60) == 0, daemon.log()
-    assert results[:4] == ["complete"] * 4
-    for r in results[4:]:
-        assert r == "complete" or "shutting down" in r, r
+    for n, (text, finish, ended) in zip(lengths, results, strict=True):
+        if finish == "length":
+            assert text == expected[n]
+            assert ended - signalled < grace + 1.0  # complete only within the grace period
+        else:
+            assert finish is not None and "shutting down" in finish, (n, finish)
+    assert [r[1] for r in results[:4]] == ["length"] * 4  # short: they all finish in time
+    assert any(r[1] != "length" for r in results[4:])  # long: cut at the end of the grace
     assert any("STOPPING=1" in m for m in notify.messages)
     assert shm_segments(daemon.proc.pid) == []
 

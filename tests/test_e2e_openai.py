@@ -318,9 +318,14 @@ def test_trctl_recommends_and_applies_thresholds_from_live_figures(
     from trd.cli import main
 
     client = daemon.client()
+    made = committed(admin_status(daemon)) + MAX_TOKENS * len(PROMPTS)
     for prompt in PROMPTS:  # traffic, so both engines have step latencies and routes
         client.completions.create(model=daemon.model, prompt=prompt, **GREEDY)
-    time.sleep(1.2)  # one Stats interval, so the windows include that traffic
+    # Wait until every engine's published stats include that traffic (no fixed sleep).
+    deadline = time.monotonic() + 30
+    while committed(admin_status(daemon)) < made:
+        assert time.monotonic() < deadline, "engines never reported the traffic"
+        time.sleep(0.1)
     ctl = ["--admin", daemon.admin, "--token", TOKEN]
     assert main([*ctl, "thresholds", "--recommend", "--json"]) == 0
     rec = json.loads(capsys.readouterr().out)

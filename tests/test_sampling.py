@@ -56,14 +56,24 @@ def test_a_top_p_below_the_dtype_s_smallest_number_keeps_the_top_token(dtype: to
     assert sample(logits, params, [0, 0]) == [1, 0]
 
 
-def test_sampling_frequencies_follow_the_distribution() -> None:
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64))
-    counts = [0, 0, 0, 0]
-    params = [SamplingParams(temperature=1.0, seed=5)]
-    for pos in range(4000):
+@pytest.mark.parametrize(
+    ("probs", "temperature"),
+    [([0.5, 0.3, 0.15, 0.05], 1.0), ([0.5, 0.3, 0.15, 0.05], 0.5), ([0.7, 0.2, 0.1], 2.0)],
+)
+def test_sampling_frequencies_follow_the_distribution(
+    probs: list[float], temperature: float
+) -> None:
+    """Pearson's chi-squared against p ** (1/T) normalised: below the 1e-6 quantile."""
+    n = 6000
+    logits = torch.log(torch.tensor([probs], dtype=torch.float64))
+    counts = [0] * len(probs)
+    params = [SamplingParams(temperature=temperature, seed=5)]
+    for pos in range(n):
         counts[sample(logits, params, [pos])[0]] += 1
-    assert [round(c / 4000, 1) for c in counts] == [0.5, 0.3, 0.1, 0.0]
-    assert counts[3] > 0
+    tempered = torch.softmax(logits[0] / temperature, dim=-1).tolist()
+    chi2 = sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, tempered, strict=True))
+    critical = {3: 30.66, 2: 27.63}[len(probs) - 1]  # chi-squared quantile 1 - 1e-6, df 3 / 2
+    assert chi2 < critical, (counts, [round(n * p) for p in tempered])
 
 
 def test_top_k_and_top_p_never_pick_filtered_tokens() -> None:

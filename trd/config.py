@@ -23,12 +23,12 @@ import ipaddress
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import yaml
 
 from trd.config_reader import ConfigError, Section, fail
-from trd.engines.spec import EngineSettings, SettingError
+from trd.engines.spec import BatchingSettings, EngineSettings, SettingError
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
 from trd.policies.params import PolicyError, PolicySpec, parse_policy
 
@@ -38,6 +38,7 @@ __all__ = ["Config", "ConfigError", "load_config"]
 # a cap the plan would hand a small model most of the host's memory.
 CPU_MAX_KV_TOKENS = 32768
 MpsMode = Literal["auto", "required", "off"]
+S = TypeVar("S", EngineSettings, BatchingSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +111,7 @@ class Config:
     stall_timeout_s: float = 120.0  # a request no engine reports on this long fails
     policy: PolicySpec = PolicySpec("rstitch")  # noqa: RUF009 - frozen, shared safely
     thresholds: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    max_wait_ms: float = 20.0
-    auto_interval_s: float = 0.0  # > 0: re-optimise thresholds from live figures this often
+    batching: BatchingSettings = BatchingSettings()  # noqa: RUF009 - frozen, shared safely
     engine: EngineSettings = EngineSettings()  # noqa: RUF009
     grace_s: float = 30.0
     max_retries: int = 3
@@ -179,19 +179,14 @@ def from_dict(raw: Any, base_dir: Path) -> Config:
         thresholds=_thresholds(
             batching.get("thresholds", {}), [m.name for m in models], max_inflight
         ),
-        max_wait_ms=batching.number("max_wait_ms", 20.0, low=0.0),
-        auto_interval_s=batching.number("auto_interval_s", 0.0, low=0.0),
-        engine=_engine(top.get("engine", {})),
+        batching=_settings(BatchingSettings, batching),
+        engine=_settings(EngineSettings, Section("engine", top.get("engine", {}))),
         grace_s=shutdown.number("grace_s", 30.0, low=0.0),
         max_retries=restart.integer("max_retries", 3, low=0),
         backoff_s=restart.number("backoff_s", 1.0, low=0.0),
     )
-    for sec in (top, batching, shutdown, restart):
+    for sec in (top, shutdown, restart):
         sec.done()
-    if cfg.engine.cpu_linear == "onednn" and (
-        cfg.device != "cpu" or any(m.dtype != "float32" for m in models)
-    ):
-        fail("engine.cpu_linear", "onednn", "needs device: cpu and every model in float32")
     return cfg
 
 
@@ -229,16 +224,15 @@ def _memory(sec: Section) -> MemoryConfig:
     )
 
 
-def _engine(raw: Any) -> EngineSettings:
-    """The `engine:` section: its keys, defaults and checks are EngineSettings' fields."""
-    sec = Section("engine", raw)
+def _settings(cls: type[S], sec: Section) -> S:
+    """A settings section: its keys, defaults and checks are the dataclass's fields."""
     values: dict[str, Any] = {}
-    for f in fields(EngineSettings):
+    for f in fields(cls):  # type: ignore[arg-type]
         value = sec.get(f.name, f.default)
         values[f.name] = None if value == "auto" and f.metadata.get("auto") else value
     sec.done()
     try:
-        return EngineSettings(**values)
+        return cls(**values)
     except SettingError as exc:
         raise ConfigError(str(exc)) from None
 

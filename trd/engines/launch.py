@@ -41,7 +41,7 @@ class LaunchRule:
         self.counters = counters
         self.thresholds: list[int] = [1]
         self.max_wait = 0.0
-        self.set(spec.thresholds, spec.max_wait_ms)
+        self.set(spec.thresholds, spec.batching.max_wait_ms)
         self.held_since: float | None = None  # runnable work held back since then
         self.held_launches = 0  # launches that waited for a batch to fill
         self.held_seconds = 0.0

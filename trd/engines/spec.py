@@ -2,6 +2,7 @@
 
     EngineSettings   the config's `engine:` section; each key defined once, here, with its
                      default, its check and its doc (the config reader reads these fields)
+    BatchingSettings the scalars of `batching:` (the thresholds are per model, in the spec)
     EngineSpec       one engine: its model (read once by the supervisor), dtype, device,
                      KV pages from the memory plan, batching thresholds, the settings
 
@@ -73,6 +74,16 @@ class EngineSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchingSettings:
+    max_wait_ms: float = setting(20.0, "a runnable request never waits longer for a batch",
+                                 low=0)  # fmt: skip
+    auto_interval_s: float = setting(0.0, "> 0: re-optimise the thresholds this often", low=0)
+
+    def __post_init__(self) -> None:
+        check_settings(self, "batching")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSpec:
     index: int  # 0 = the entry model, which receives Submits
     name: str
@@ -86,7 +97,7 @@ class EngineSpec:
     settings: EngineSettings = EngineSettings()
     threads: int = 1
     thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
-    max_wait_ms: float = 20.0
+    batching: BatchingSettings = BatchingSettings()
     env: dict[str, str] = field(default_factory=dict)  # e.g. the CUDA MPS pipe directory
 
     def __post_init__(self) -> None:

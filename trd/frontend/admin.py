@@ -118,7 +118,7 @@ class AdminApi:
         app.router.add_get("/thresholds/recommend", self.recommend)
         app.router.add_get("/stats/raw", self.raw_stats)
         app.cleanup_ctx.append(self._sampler)
-        if self.sup.cfg.auto_interval_s > 0:
+        if self.sup.cfg.batching.auto_interval_s > 0:
             app.cleanup_ctx.append(self._autotuner)
         return app
 
@@ -145,7 +145,7 @@ class AdminApi:
 
         async def loop() -> None:
             while True:
-                await asyncio.sleep(self.sup.cfg.auto_interval_s)
+                await asyncio.sleep(self.sup.cfg.batching.auto_interval_s)
                 try:
                     rec = await self._recommendation()
                 except ApiError as exc:
@@ -155,7 +155,7 @@ class AdminApi:
                 current = {s.name: s.thresholds for s in self.sup.specs}
                 if wanted != current:
                     log.info("thresholds auto: %s -> %s", current, wanted)
-                    self.sup.set_thresholds(wanted, self.sup.specs[0].max_wait_ms)
+                    self.sup.set_thresholds(wanted, self.sup.specs[0].batching.max_wait_ms)
 
         task = asyncio.get_running_loop().create_task(loop())
         yield
@@ -216,7 +216,7 @@ class AdminApi:
     def _threshold_view(self) -> dict[str, Any]:
         stats = self.sup.engine_stats()
         return {
-            "max_wait_ms": self.sup.specs[0].max_wait_ms,
+            "max_wait_ms": self.sup.specs[0].batching.max_wait_ms,
             "models": {
                 s.name: {
                     "set": list(s.thresholds),
@@ -238,7 +238,7 @@ class AdminApi:
             raise ApiError(400, "expected {'thresholds': {model: [B, ...]}, 'max_wait_ms': ms}")
         names = [s.name for s in self.sup.specs]
         raw = body.get("thresholds") or {}
-        wait = body.get("max_wait_ms", self.sup.specs[0].max_wait_ms)
+        wait = body.get("max_wait_ms", self.sup.specs[0].batching.max_wait_ms)
         if not isinstance(raw, dict) or (not raw and "max_wait_ms" not in body):
             raise ApiError(400, "thresholds: expected a non-empty {model: [B, ...]} mapping")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= 60e3:

@@ -83,7 +83,7 @@ def plan_deployment(cfg: Config) -> Deployment:
             settings=cfg.engine,
             threads=cfg.threads(),
             thresholds=cfg.thresholds.get(m.name, (1,)),
-            max_wait_ms=cfg.max_wait_ms,
+            batching=cfg.batching,
         )
         for i, (m, mp) in enumerate(zip(cfg.models, plan.models, strict=True))
     )

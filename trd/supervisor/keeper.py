@@ -189,7 +189,11 @@ class EngineKeeper:
     def set_thresholds(self, thresholds: dict[str, tuple[int, ...]], max_wait_ms: float) -> None:
         """Apply delayed-batching thresholds now, and to every engine started later."""
         self.specs = tuple(
-            replace(s, thresholds=thresholds.get(s.name, s.thresholds), max_wait_ms=max_wait_ms)
+            replace(
+                s,
+                thresholds=thresholds.get(s.name, s.thresholds),
+                batching=replace(s.batching, max_wait_ms=max_wait_ms),
+            )
             for s in self.specs
         )
         if self.group is None:
@@ -199,7 +203,7 @@ class EngineKeeper:
                 self.group.control(
                     spec.index,
                     {"op": "set_thresholds", "thresholds": list(spec.thresholds),
-                     "max_wait_ms": spec.max_wait_ms},
+                     "max_wait_ms": spec.batching.max_wait_ms},
                 )  # fmt: skip
 
     # -- views ---------------------------------------------------------------------------
