@@ -32,6 +32,42 @@ def test_config_defaults_head_dim_and_kv_heads() -> None:
     assert cfg.kv_bytes_per_token("bfloat16") == 3 * 8 * 32 * 2 * 2
 
 
+QWEN2 = {**QWEN3_06B, "model_type": "qwen2", "head_dim": None, "mlp_bias": True}
+UNSUPPORTED = [
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported (only silu)"),
+    ({"use_sliding_window": True, "max_window_layers": 21},
+     "use_sliding_window true is not supported (layers from max_window_layers 21 on"),
+    ({"layer_types": ["full_attention", "sliding_attention"]},
+     "layer_types 'sliding_attention' is not supported (only full_attention)"),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config: quantized weights"),
+    ({"head_dim": 63}, "head_dim 63 is odd; rope needs pairs"),
+    ({"rope_scaling": {"type": "su", "factor": 2.0}}, "rope_scaling.rope_type 'su' is not"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("keys", "error"), UNSUPPORTED, ids=[next(iter(k)) for k, _ in UNSUPPORTED]
+)
+def test_what_the_model_code_does_not_implement_is_refused_by_key(
+    keys: dict[str, object], error: str
+) -> None:
+    with pytest.raises(CheckpointError) as info:
+        ModelConfig.from_dict({**QWEN2, **keys}, source="config.json")
+    assert str(info.value).startswith(f"config.json: {error}")
+
+
+def test_config_quirks_follow_transformers() -> None:
+    qwen2 = ModelConfig.from_dict(QWEN2, source="c")
+    # Qwen2: q/k/v biases, never o or MLP biases (transformers ignores the keys there);
+    # a sliding window that no layer uses is no sliding window.
+    assert (qwen2.qkv_bias, qwen2.o_bias, qwen2.mlp_bias) == (True, False, False)
+    windowless = {**QWEN2, "use_sliding_window": True, "max_window_layers": 28}
+    assert ModelConfig.from_dict(windowless, source="c").num_layers == 28
+    # Qwen3 without head_dim: transformers' default 128, not hidden / heads (64 here).
+    no_head_dim = {k: v for k, v in QWEN3_06B.items() if k != "head_dim"}
+    assert ModelConfig.from_dict(no_head_dim, source="c").head_dim == 128
+
+
 def _write_config(model_dir: Path, config: dict[str, object]) -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config))

@@ -77,8 +77,8 @@ def test_missing_field(good: Path, tmp_path: Path) -> None:
 
 def test_unsupported_rope_scaling(good: Path, tmp_path: Path) -> None:
     path = broken(good, tmp_path)
-    edit_config(path, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
-    with pytest.raises(CheckpointError, match="rope type 'yarn' is not supported"):
+    edit_config(path, rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0})
+    with pytest.raises(CheckpointError, match="rope_type 'longrope' is not supported"):
         load(path)
 
 

@@ -25,7 +25,8 @@ MIB = 1 << 20
 
 TINY = ModelConfig.from_dict(
     {"model_type": "qwen3", "num_hidden_layers": 2, "num_attention_heads": 4,
-     "num_key_value_heads": 2, "hidden_size": 64, "intermediate_size": 128, "vocab_size": 256},
+     "num_key_value_heads": 2, "head_dim": 16, "hidden_size": 64, "intermediate_size": 128,
+     "vocab_size": 256},
     source="tiny",
 )  # fmt: skip
 SMALL = ModelConfig.from_dict(

@@ -6,15 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
-from trd.protocol import SamplingParams
 from trd.tinymodels.build import save_random_checkpoint
 
+from hf_compare import DECODE_STEPS, engine_runs, load_hf
+
 ARCHS = [("qwen3", True), ("qwen2", False), ("llama", False)]
-DECODE_STEPS = 64
 
 
 @pytest.fixture(scope="module", params=ARCHS, ids=[a for a, _ in ARCHS])
@@ -22,36 +20,6 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     arch, tied = request.param
     out = tmp_path_factory.mktemp(arch)
     return save_random_checkpoint(arch, out, seed=7, tie_word_embeddings=tied)
-
-
-def engine_logits(
-    path: Path, dtype: str, prompts: list[list[int]], cpu_linear: str = "torch"
-) -> dict[int, torch.Tensor]:
-    """Prefill + DECODE_STEPS greedy decodes, all prompts batched; logits rows per request."""
-    engine = Engine(
-        EngineSpec.of(
-            path,
-            dtype=dtype,
-            page_size=4,
-            kv_tokens=1024,
-            max_batch_tokens=32,
-            cpu_linear=cpu_linear,
-        )
-    )
-    params = SamplingParams(max_tokens=DECODE_STEPS + 1, ignore_eos=True)
-    rids = [engine.add_request(p, params) for p in prompts]
-    rows: dict[int, list[torch.Tensor]] = {rid: [] for rid in rids}
-    seqs: dict[int, list[int]] = {}
-    while engine.has_unfinished():
-        result = engine.forward()
-        assert result is not None
-        for i, (req, token) in enumerate(zip(result.requests, result.tokens, strict=True)):
-            rows[req.rid].append(result.forward.logits[i].clone())
-            seqs[req.rid] = req.seq
-            engine.commit(req, [token])
-    return {rid: torch.stack(r) for rid, r in rows.items()} | {
-        -1 - rid: torch.tensor(seqs[rid]) for rid in rids
-    }
 
 
 @pytest.mark.parametrize(
@@ -62,18 +30,16 @@ def test_prefill_and_decode_logits_match_transformers(
     checkpoint: Path, dtype: str, tol: float, cpu_linear: str
 ) -> None:
     prompts = [[5 + i for i in range(n)] for n in (3, 17, 40)]
-    ours = engine_logits(checkpoint, dtype, prompts, cpu_linear)
-    ref = AutoModelForCausalLM.from_pretrained(
-        checkpoint, dtype=getattr(torch, dtype), attn_implementation="sdpa"
-    ).eval()
-    for rid, prompt in enumerate(prompts):
-        seq = ours[-1 - rid]
-        assert len(seq) == len(prompt) + DECODE_STEPS + 1
-        with torch.no_grad():
+    runs = engine_runs(checkpoint, dtype, prompts, cpu_linear=cpu_linear)
+    ref = load_hf(checkpoint, dtype)
+    for run in runs:
+        seq = torch.tensor(run.seq)
+        assert len(seq) == run.prompt_len + DECODE_STEPS + 1
+        with torch.no_grad():  # the whole sequence in one call: no KV cache on this side
             full = ref(seq[None, :-1]).logits[0]  # (L-1, V): logits for every next position
-        expected = full[len(prompt) - 1 :]
-        assert ours[rid].shape == expected.shape
-        diff = (ours[rid] - expected).abs().max().item()
+        expected = full[run.prompt_len - 1 :]
+        assert run.logits.shape == expected.shape
+        diff = (run.logits - expected).abs().max().item()
         assert diff <= tol, f"max |logit diff| {diff:.3g} > {tol}"
 
 

@@ -4,15 +4,23 @@ The engines talk through the real codec but through Python queues, so the test c
 choose any interleaving of steps and deliveries, and inject duplicated, reordered and
 late messages, to the peers and to the front end. Outputs must equal the reference loop
 exactly (float64), and the front end must have seen (and ignored) the duplicate Emits.
+Also with models whose embedding matrices are padded differently (one tokenizer).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
+import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
 
 from trd.engines.engine import Engine
 from trd.engines.router import RoutingEngine
@@ -32,8 +40,9 @@ from trd.protocol import (
     encode,
 )
 from trd.supervisor.generation import Generation
+from trd.tinymodels.tokenizer import VOCAB_SIZE
 
-from routing_cases import MODEL_SETS, jobs, reference, specs
+from routing_cases import MODEL_SETS, jobs, prompts, reference, specs
 
 
 class Wiring:
@@ -109,12 +118,22 @@ def test_interleavings_match_the_reference(
     work = jobs(paths[0])[2:10]  # the short ones: interleavings matter here, not length
     expected = reference(paths, policy, params, work)
     wiring = Wiring(paths, policy, params, seed=n_models)
+    _run_all(wiring, work)
+    _assert_matches(wiring, expected)
+    assert wiring.injected > 0
+    assert sum(g.duplicates for g in wiring.tracked.values()) > 0  # Emits came twice, ignored
+
+
+def _run_all(wiring: Wiring, work: list) -> None:
     for rid, (prompt, sp) in enumerate(work):
         wiring.submit(rid, prompt, sp)
     for _ in range(200000):
         if all(t.complete and t.all_done for t in wiring.tracked.values()):
             break
         wiring.tick()
+
+
+def _assert_matches(wiring: Wiring, expected: list) -> None:
     for rid, trace in enumerate(expected):
         got = wiring.tracked[rid]
         assert got.tokens == trace.tokens, f"request {rid}"
@@ -126,8 +145,6 @@ def test_interleavings_match_the_reference(
         assert not e.requests
         alloc = e.engine.scheduler.allocator
         assert alloc.num_free == alloc.num_pages
-    assert wiring.injected > 0
-    assert sum(g.duplicates for g in wiring.tracked.values()) > 0  # Emits came twice, ignored
 
 
 def test_an_engine_expects_a_return_while_its_request_is_away(
@@ -168,3 +185,48 @@ def test_a_request_that_fills_the_context_survives_a_handoff(tiny_models: dict[s
     got = wiring.tracked[0]
     assert (got.finish, got.error, len(got.tokens)) == (FinishReason.LENGTH, "", 24)
     assert set(got.models) == {0, 1}
+
+
+PAD_ROWS = 64
+
+
+@pytest.fixture(scope="module")
+def padded_small(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture small, its (tied) embedding padded from 2048 to 2048 + 64 rows, as
+    Qwen pads 151665 ids to 151936 rows. Each padding row is twice the row of one of the
+    corpus's 64 commonest tokens, so unmasked it would outscore that token wherever the
+    token's logit is positive: padding that greedy decoding would pick, if it could."""
+    out = tmp_path_factory.mktemp("padded") / "small"
+    shutil.copytree(tiny_models["small"], out)
+    weights = load_file(out / "model.safetensors")
+    embed = weights["model.embed_tokens.weight"]
+    counts = Counter(t for p in prompts(out, 64) for t in p)
+    common = torch.tensor([t for t, _ in counts.most_common(PAD_ROWS)])
+    weights["model.embed_tokens.weight"] = torch.cat([embed, 2 * embed[common]])
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "vocab_size": VOCAB_SIZE + PAD_ROWS}))
+    return out
+
+
+PADDED_CASES = [("rstitch", {"threshold": 0.78}), ("scripted", {"schedule": [1, 0, 0, 1, 1, 0]})]
+
+
+@pytest.mark.parametrize("policy,params", PADDED_CASES)
+def test_padded_vocabularies_route_exactly_and_never_emit_padding(
+    tiny_models: dict[str, Path], padded_small: Path, policy: str, params: dict
+) -> None:
+    paths = [padded_small, tiny_models["large"]]  # 2112 and 2048 rows, one tokenizer
+    work = jobs(paths[0])[2:8]
+    ref = AutoModelForCausalLM.from_pretrained(padded_small, dtype=torch.float64).eval()
+    with torch.no_grad():
+        raw = ref(torch.tensor([work[0][0]])).logits[0]
+    assert raw.shape[1] == VOCAB_SIZE + PAD_ROWS and (raw.argmax(-1) >= VOCAB_SIZE).any()
+    expected = reference(paths, policy, params, work)
+    wiring = Wiring(paths, policy, params, seed=5)
+    _run_all(wiring, work)
+    _assert_matches(wiring, expected)
+    outputs = [t for g in wiring.tracked.values() for t in g.tokens]
+    assert outputs and max(outputs) < VOCAB_SIZE
+    switches = {(a, b) for g in wiring.tracked.values() for a, b in itertools.pairwise(g.models)}
+    assert {(0, 1), (1, 0)} <= switches  # handoffs both ways

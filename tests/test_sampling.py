@@ -56,6 +56,15 @@ def test_a_top_p_below_the_dtype_s_smallest_number_keeps_the_top_token(dtype: to
     assert sample(logits, params, [0, 0]) == [1, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_tiny_temperature_on_half_precision_logits_is_greedy(dtype: torch.dtype) -> None:
+    # 9.5 / 1e-4 overflows float16 (max 65504) to inf and softmax makes NaN of it; the
+    # sampling math runs in float32, where the top token takes all the probability.
+    logits = torch.tensor([[3.0, 9.5, -2.0, 9.25]], dtype=dtype).repeat(8, 1)
+    params = [SamplingParams(temperature=1e-4, seed=s) for s in range(8)]
+    assert sample(logits, params, list(range(8))) == [1] * 8
+
+
 @pytest.mark.parametrize(
     ("probs", "temperature"),
     [([0.5, 0.3, 0.15, 0.05], 1.0), ([0.5, 0.3, 0.15, 0.05], 0.5), ([0.7, 0.2, 0.1], 2.0)],

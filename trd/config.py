@@ -14,12 +14,14 @@
 
 A bad value raises ConfigError naming its key, the value and the reason; so does an
 unknown key. Model paths are resolved against the config file's folder and checked to
-be checkpoints that share one vocabulary.
+be checkpoints that share one tokenizer (`trd/models/tokenizers.py`: same ids for the
+same strings, whatever the padding of their embedding matrices).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -30,9 +32,12 @@ import yaml
 from trd.config_reader import ConfigError, Section, fail
 from trd.engines.spec import BatchingSettings, EngineSettings, SettingError
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
+from trd.models.tokenizers import TOKENIZER_FILE, chat_template, first_difference, read_tokenizer
 from trd.policies.params import PolicyError, PolicySpec, parse_policy
 
 __all__ = ["Config", "ConfigError", "load_config"]
+
+log = logging.getLogger(__name__)
 
 # On CPU the KV cache is ordinary RAM that torch touches when it allocates it; without
 # a cap the plan would hand a small model most of the host's memory.
@@ -266,7 +271,6 @@ def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
     if not items:
         fail("models", items, "at least one model is needed")
     entries: list[ModelEntry] = []
-    vocab: tuple[str, int] | None = None
     for i, item in enumerate(items):
         sec = Section(f"models[{i}]", item)
         name = sec.string("name")
@@ -279,22 +283,40 @@ def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
             ckpt = read_checkpoint(path)
         except CheckpointError as exc:
             fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
-        vocab_size = ckpt.config.vocab_size
-        if vocab is not None and vocab_size != vocab[1]:
-            fail(
-                f"models[{i}].path", str(path),
-                f"vocab size {vocab_size} differs from {vocab[0]}'s {vocab[1]};"
-                " routed models must share one tokenizer",
-            )  # fmt: skip
-        vocab = vocab or (name, vocab_size)
         entries.append(ModelEntry(name, path, dtype, ckpt))
-    if not (entries[0].path / "tokenizer.json").is_file():
+    if not (entries[0].path / TOKENIZER_FILE).is_file():
         fail("models[0].path", str(entries[0].path), "the entry model has no tokenizer.json")
+    _check_one_tokenizer(entries)
     return tuple(entries)
 
 
+def _check_one_tokenizer(entries: list[ModelEntry]) -> None:
+    """Routed models exchange token ids: each must read them as the entry model does."""
+    if len(entries) == 1:
+        return
+    entry = entries[0]
+    first = read_tokenizer(entry.path)
+    assert first is not None
+    for i, e in enumerate(entries[1:], start=1):
+        try:
+            other = read_tokenizer(e.path)
+        except CheckpointError as exc:
+            fail(f"models[{i}].path", str(e.path), str(exc))
+        if other is None:
+            reason = f"no tokenizer.json: cannot check that it shares {entry.name}'s tokenizer"
+            fail(f"models[{i}].path", str(e.path), reason)
+        difference = first_difference(first, other, entry.name, e.name)
+        if difference:
+            fail(f"models[{i}].path", str(e.path),
+                 f"its tokenizer differs from {entry.name}'s: {difference};"
+                 " routed models must share one tokenizer")  # fmt: skip
+        if chat_template(e.path) != chat_template(entry.path):
+            log.warning("models[%d] (%s): its chat template differs from %s's; %s's is used "
+                        "for every model", i, e.name, entry.name, entry.name)  # fmt: skip
+
+
 def _max_model_len(top: Section, models: tuple[ModelEntry, ...]) -> int:
-    context = min(m.checkpoint.config.max_position_embeddings for m in models)
+    context = min(m.checkpoint.config.context for m in models)
     value = top.integer("max_model_len", context, low=2)
     if value > context:
         fail("max_model_len", value, f"exceeds the models' smallest context ({context})")

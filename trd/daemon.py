@@ -199,7 +199,7 @@ class Daemon:
             names=[m.name for m in self.cfg.models],
             encoder=PromptEncoder(entry.path),
             max_model_len=self.cfg.max_model_len,
-            vocab_size=entry.checkpoint.config.vocab_size,
+            vocab_size=entry.checkpoint.vocab_limit,  # the tokenizer's ids, not padding rows
             created=int(time.time()),
         )
 

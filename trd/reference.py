@@ -40,7 +40,9 @@ class ReferenceRouter:
             AutoModelForCausalLM.from_pretrained(p, dtype=tdtype, attn_implementation="sdpa").eval()
             for p in paths
         ]
-        self.eos = read_checkpoint(Path(paths[0])).config.eos_token_ids
+        entry = read_checkpoint(Path(paths[0]))
+        self.eos = entry.config.eos_token_ids
+        self.vocab = entry.vocab_limit  # as the engines: padding rows are never sampled
         self.policies: list[RoutingPolicy] = [
             make_policy(policy, PolicyContext(i, len(paths), m.get_input_embeddings()))
             for i, m in enumerate(self.models)
@@ -52,7 +54,7 @@ class ReferenceRouter:
         req = Request(0, seq, len(prompt), params, arrival=0.0)
         while True:
             out = self.models[cur](torch.tensor([seq]), output_hidden_states=True)
-            logits, hidden = out.logits[0, -1:], out.hidden_states[-1][0, -1:]
+            logits, hidden = out.logits[0, -1:, : self.vocab], out.hidden_states[-1][0, -1:]
             ban_early_stops(logits, [params], [len(trace.tokens)], self.eos)
             token = sample(logits, [params], [len(seq)])[0]
             trace.forwards += 1

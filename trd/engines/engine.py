@@ -79,9 +79,10 @@ class Engine:
         params = params or SamplingParams()
         if not prompt:
             raise ValueError("prompt must contain at least one token")
-        bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
+        vocab = self.spec.checkpoint.vocab_limit  # the tokenizer's ids; padding rows excluded
+        bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"prompt token ids out of range [0, {self.cfg.vocab_size}): {bad[:5]}")
+            raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
         if params.temperature > 0 and params.seed is None:
             # Randomness is a function of (seed, position): fix the seed once, here.
             params = dataclasses.replace(params, seed=random.getrandbits(63))

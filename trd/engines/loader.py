@@ -6,7 +6,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from trd.engines.model import CausalLM, Rope
+from trd.engines.model import CausalLM
+from trd.engines.rope import RotaryEmbedding
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError
 
 # Buffers some exporters write that carry no weights.
@@ -51,7 +52,6 @@ def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
                 f"config.json implies {tuple(expected[key].shape)}"
             )
     model.load_state_dict({k: v.to(tdtype) for k, v in weights.items()}, assign=True)
-    # The rope tables are derived, not loaded: build them for real on the device.
-    with torch.device(device):
-        model.rope = Rope(cfg)
+    # The rope frequencies are derived, not loaded: build them for real on the device.
+    model.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, device)
     return model.eval()

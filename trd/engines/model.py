@@ -8,11 +8,13 @@ which tokens belong to which request and where their KV pages are.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trd.engines.attention.base import AttentionBackend
+from trd.engines.rope import RotaryEmbedding
 from trd.models.checkpoint import ModelConfig
 
 
@@ -30,29 +32,11 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-class Rope(nn.Module):
-    """Rotary position embedding; cos/sin are computed in float32 like the reference."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        d, theta = cfg.head_dim, cfg.rope.theta
-        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-        positions = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)  # (P, D)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x: (T, heads, D); positions: (T,)
-        cos = self.cos[positions].to(x.dtype)[:, None, :]
-        sin = self.sin[positions].to(x.dtype)[:, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (T, heads, D) rotated by the per-token cos/sin (T, D) of `RotaryEmbedding`."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 class Attention(nn.Module):
@@ -77,8 +61,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: Rope,
+        rope: tuple[torch.Tensor, torch.Tensor],
         backend: AttentionBackend,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor:
@@ -88,7 +71,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, positions), rope(k, positions)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out = backend.attend(q, k, v, kv_cache)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -115,12 +98,11 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: Rope,
+        rope: tuple[torch.Tensor, torch.Tensor],
         backend: AttentionBackend,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, backend, kv_cache)
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -139,7 +121,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = DecoderStack(cfg)
-        self.rope = Rope(cfg)
+        # Frequencies, no weights: the loader rebuilds it on the serving device.
+        self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, torch.device("cpu"))
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -149,11 +132,14 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         backend: AttentionBackend,
         kv_caches: list[torch.Tensor],
+        seq_lens: np.ndarray,
     ) -> torch.Tensor:
-        # input_ids, positions: (T,) -> hidden: (T, hidden)
+        # input_ids, positions: (T,) -> hidden: (T, hidden). seq_lens (T,): the sequence
+        # length each token's feed catches up to (the dynamic rope variant reads it).
         x = self.model.embed_tokens(input_ids)
+        rope = self.rope.cos_sin(positions, seq_lens, x.dtype)  # computed once per step
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rope, backend, cache)
+            x = layer(x, rope, backend, cache)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

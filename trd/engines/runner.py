@@ -2,7 +2,8 @@
 
 One call runs one step: every scheduled request feeds `seq[kv_len : kv_len + n]`,
 packed along one token axis. Rows whose feed reaches the end of the committed
-sequence yield next-token logits and the last hidden state.
+sequence yield next-token logits over the tokenizer's vocabulary (`vocab_limit` ids:
+the embedding matrix may have padding rows past it) and the last hidden state.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ModelRunner:
         # Softmax, top-p and entropies in half precision distort sampling and routing.
         self.logits_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.cfg = spec.checkpoint.config
+        self.vocab = spec.checkpoint.vocab_limit
         settings = spec.settings
         if settings.cpu_linear == "onednn" and not onednn_available():
             raise ValueError("engine.cpu_linear: 'onednn': this torch build has no oneDNN linear")
@@ -64,19 +66,20 @@ class ModelRunner:
 
     def empty_output(self) -> ForwardOutput:
         """No rows: what a step whose every request failed yields."""
-        logits = torch.empty(0, self.cfg.vocab_size, dtype=self.logits_dtype, device=self.device)
+        logits = torch.empty(0, self.vocab, dtype=self.logits_dtype, device=self.device)
         hidden = torch.empty(0, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
         return ForwardOutput([], logits, hidden)
 
     @torch.inference_mode()
     def forward(self, batch: list[Scheduled]) -> ForwardOutput:
         ids: list[int] = []
-        starts, lens = [], []
+        starts, lens, targets = [], [], []
         for item in batch:
             req, n = item.req, item.num_tokens
             ids.extend(req.seq[req.kv_len : req.kv_len + n])
             starts.append(req.kv_len)
             lens.append(n)
+            targets.append(len(req.seq))
         positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens, strict=True)])
         self.backend.plan(
             BatchLayout(lens, starts, [item.req.pages for item in batch], self.page_size)
@@ -87,10 +90,12 @@ class ModelRunner:
             torch.from_numpy(positions).to(self.device),
             self.backend,
             self.kv_caches,
+            np.repeat(np.asarray(targets), lens),
         )
         ends = np.cumsum(lens) - 1
         done = [i for i, item in enumerate(batch) if item.completes]
         last = hidden[torch.from_numpy(ends[done]).to(self.device)]
-        logits = self.model.logits(last).to(self.logits_dtype)
+        # Rows past the tokenizer's vocabulary are padding: never sampled, never routed on.
+        logits = self.model.logits(last)[:, : self.vocab].to(self.logits_dtype)
         self.model_seconds += time.perf_counter() - start
         return ForwardOutput([batch[i] for i in done], logits, last)

@@ -5,8 +5,9 @@ seed gives the same tokens whatever else is in the batch, on whichever engine th
 position happens to be sampled (routing moves requests between engines).
 
 Any accepted temperature is safe: below SAMPLING_EPS a request is greedy (dividing by
-1e-45 overflows float32 logits to inf, and softmax of inf is NaN), and the index drawn
-is clamped into the kept tokens, so no row can index with -1.
+1e-45 overflows float32 logits to inf, and softmax of inf is NaN), sampling math runs in
+float32 or wider whatever the logits' dtype, and the index drawn is clamped into the
+kept tokens, so no row can index with -1.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def sample(
 def _sample_rows(
     logits: torch.Tensor, params: list[SamplingParams], positions: list[int]
 ) -> torch.Tensor:
+    # float32 at least: logits / 1e-4 overflows float16 (max 65504) to inf, and softmax of
+    # inf is NaN; bfloat16's 8-bit mantissa would also round the top-p cumulative sums.
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     dev = logits.device
     temp = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
     probs = torch.softmax(logits / temp[:, None], dim=-1)

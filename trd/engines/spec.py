@@ -116,7 +116,7 @@ class EngineSpec:
     @property
     def context(self) -> int:
         """The longest sequence this engine serves."""
-        limit = self.checkpoint.config.max_position_embeddings
+        limit = self.checkpoint.config.context
         return min(self.max_model_len, limit) if self.max_model_len else limit
 
     @classmethod

@@ -43,7 +43,7 @@ class Served:
     names: list[str]
     encoder: PromptEncoder
     max_model_len: int
-    vocab_size: int
+    vocab_size: int  # ids the tokenizer defines (Checkpoint.vocab_limit), not embedding rows
     created: int
 
     @property

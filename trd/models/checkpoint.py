@@ -4,7 +4,8 @@
       config.json               architecture (Qwen3, Qwen2, Llama families)
       generation_config.json    eos ids (optional; config.json's are the fallback)
       *.safetensors             weights, one file or shards; only the headers are read here
-      tokenizer.json ...        read by the front end, compared by `tokenizers.py`
+      tokenizer.json ...        its vocabulary size is read here (`vocab_limit`); the front
+                                end encodes with it, `tokenizers.py` compares routed models'
 
 A safetensors file starts with `| u64 little-endian N | N bytes of JSON header |`, the
 header naming each tensor's dtype, shape and byte range, so a 32B checkpoint is read
@@ -24,8 +25,12 @@ from typing import Any
 
 from trd.models.errors import CheckpointError
 from trd.models.rope import RopeConfig, read_rope
+from trd.models.tokenizers import read_tokenizer
 
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama")
+# transformers' defaults where config.json omits max_position_embeddings (dynamic rope
+# scales from it, so a different default would change the frequencies).
+DEFAULT_CONTEXT = {"qwen3": 32768, "qwen2": 32768, "llama": 2048}
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 
@@ -54,7 +59,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope: RopeConfig
-    max_position_embeddings: int
+    context: int  # longest sequence served: max_position_embeddings, as the rope variant extends it
     tie_word_embeddings: bool
     qkv_bias: bool  # bias on q/k/v projections (Qwen2 always, Llama/Qwen3 per config)
     o_bias: bool
@@ -73,36 +78,41 @@ class ModelConfig:
                 f"{source}: model_type {model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_TYPES)})"
             )
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+        layers = _positive(cfg, "num_hidden_layers", source)
+        _refuse_unimplemented(cfg, layers, source)
         hidden = _positive(cfg, "hidden_size", source)
         heads = _positive(cfg, "num_attention_heads", source)
         kv_heads = _optional_positive(cfg, "num_key_value_heads", source) or heads
-        head_dim = _optional_positive(cfg, "head_dim", source) or hidden // heads
+        # transformers' Qwen3Config defaults head_dim to 128, the others derive it.
+        derived = 128 if model_type == "qwen3" else hidden // heads
+        head_dim = _optional_positive(cfg, "head_dim", source) or derived
         if heads % kv_heads:
             raise CheckpointError(
                 f"{source}: num_attention_heads {heads} is not a multiple of "
                 f"num_key_value_heads {kv_heads}"
             )
+        if head_dim % 2:
+            raise CheckpointError(f"{source}: head_dim {head_dim} is odd; rope needs pairs")
         attention_bias = bool(cfg.get("attention_bias", False))
-        context = _optional_positive(cfg, "max_position_embeddings", source) or 4096
+        context = (_optional_positive(cfg, "max_position_embeddings", source)
+                   or DEFAULT_CONTEXT[model_type])  # fmt: skip
+        rope = read_rope(cfg, context, source)
         return cls(
             model_type=model_type,
             vocab_size=_positive(cfg, "vocab_size", source),
             hidden_size=hidden,
             intermediate_size=_positive(cfg, "intermediate_size", source),
-            num_layers=_positive(cfg, "num_hidden_layers", source),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=_number(cfg, "rms_norm_eps", 1e-6, source),
-            rope=read_rope(cfg, head_dim, context, source),
-            max_position_embeddings=context,
+            rope=rope,
+            context=rope.context(context),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            mlp_bias=model_type == "llama" and bool(cfg.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")) if eos is None else eos,
         )
@@ -120,6 +130,10 @@ class Checkpoint:
     config: ModelConfig
     weight_files: tuple[Path, ...]
     num_params: int  # elements of every tensor in the weight files
+    # Token ids that exist: the tokenizer's largest id + 1 (added tokens included), or
+    # vocab_size without a tokenizer.json. Rows of the embedding matrix past it are
+    # padding (Qwen pads 151665 ids to 151936 or 152064 rows); they are never sampled.
+    vocab_limit: int
 
     def weight_bytes(self, dtype: str) -> int:
         """Resident weight bytes once every tensor is cast to `dtype`."""
@@ -140,7 +154,50 @@ def read_checkpoint(model_dir: Path | str) -> Checkpoint:
     if not files:
         raise CheckpointError(f"{model_dir}: no *.safetensors weight files")
     params = sum(_tensor_elements(path) for path in files)
-    return Checkpoint(model_dir, config, files, params)
+    return Checkpoint(model_dir, config, files, params, _vocab_limit(model_dir, config))
+
+
+def _vocab_limit(model_dir: Path, config: ModelConfig) -> int:
+    tokenizer = read_tokenizer(model_dir)
+    if tokenizer is None:
+        return config.vocab_size
+    limit = tokenizer.vocab_limit
+    if limit > config.vocab_size:
+        raise CheckpointError(
+            f"{tokenizer.path}: token ids reach {limit - 1}, but config.json's vocab_size "
+            f"is {config.vocab_size}: the model has no embedding for them"
+        )
+    return limit
+
+
+def _refuse_unimplemented(cfg: dict[str, Any], layers: int, source: str) -> None:
+    """Config keys that change the computation in ways the model code does not implement."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+    layer_types = cfg.get("layer_types")
+    if layer_types:  # transformers follows these when given, else derives them as below
+        listed = layer_types if isinstance(layer_types, list) else [layer_types]
+        other = [t for t in listed if t != "full_attention"]
+        if other:
+            raise CheckpointError(
+                f"{source}: layer_types {other[0]!r} is not supported (only full_attention)"
+            )
+    elif (
+        cfg.get("model_type") in ("qwen2", "qwen3")
+        and cfg.get("use_sliding_window")
+        and cfg.get("sliding_window", 4096) is not None
+        and (_optional_positive(cfg, "max_window_layers", source) or 28) < layers
+    ):
+        raise CheckpointError(
+            f"{source}: use_sliding_window true is not supported (layers from "
+            f"max_window_layers {cfg.get('max_window_layers', 28)} on would use a window)"
+        )
+    if cfg.get("quantization_config"):
+        raise CheckpointError(
+            f"{source}: quantization_config: quantized weights are not supported "
+            "(use an unquantized checkpoint, or import a GGUF: it is dequantised)"
+        )
 
 
 def _read_json(path: Path) -> dict[str, Any]:

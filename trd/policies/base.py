@@ -87,6 +87,9 @@ class RoutingPolicy(ABC):
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = -sum p log p / log V per row, in [0, 1]."""
+    """H = -sum p log p / log V per row, in [0, 1].
+
+    V is the tokenizer's vocabulary: the runner cuts the embedding matrix's padding rows
+    off the logits, so two models of one family padded differently agree on V."""
     logp = torch.log_softmax(logits, dim=-1)
     return -(logp.exp() * logp).sum(-1) / math.log(logits.shape[-1])

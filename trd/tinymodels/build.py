@@ -274,7 +274,7 @@ def save_random_checkpoint(
         config = Qwen3Config(**{"head_dim": 16, **fields, **overrides})
         model_cls: type[PreTrainedModel] = Qwen3ForCausalLM
     elif arch == "qwen2":
-        config = Qwen2Config(**fields, **overrides)  # q/k/v projections carry biases
+        config = Qwen2Config(**{**fields, **overrides})  # q/k/v projections carry biases
         model_cls = Qwen2ForCausalLM
     else:
         config = LlamaConfig(**{"attention_bias": False, **fields, **overrides})
