@@ -149,7 +149,7 @@ def test_the_config_map_is_a_config_the_daemon_loads(config: Config) -> None:
     configmap = by_kind("ConfigMap")
     assert volume["configMap"]["name"] == configmap["metadata"]["name"]
     assert config_path.name in configmap["data"]
-    assert [m.name for m in config.models] == ["small", "large"]
+    assert config.device == "cuda", "a pod that got no GPU must fail, not serve on CPU"
 
 
 def test_listen_port_is_the_port_of_container_service_and_pool(config: Config) -> None:
