@@ -1,9 +1,11 @@
 """deploy/kubernetes/: every manifest passes its API's schema, and the pieces agree.
 
-Schemas are picked by apiVersion and kind (`<kind>-<apiVersion, '/' as '-'>.json`) from
-deploy/kubernetes/schemas/ (Kubernetes' own kinds) or, for the CRD kinds, from the
-steering repository's shared/k8s-schemas/ (deploy/kubernetes/schemas/README.md says
-why and where each file comes from). A manifest without a schema fails.
+Kubernetes' own kinds are validated with the PyPI package kubernetes-validate (its strict
+schemas: unknown fields fail), against the oldest Kubernetes these manifests claim
+(1.30: `lifecycle.preStop.sleep`) and the newest it knows. The CRD kinds (HTTPRoute,
+InferencePool) are validated against our own schemas in deploy/kubernetes/schemas/,
+written from the published API references (the README there says which). A manifest of
+a kind neither knows fails.
 
 The consistency checks read the daemon's side from the daemon itself: the ConfigMap's
 config goes through trd.config (with the fixture checkpoints standing in for the model
@@ -12,31 +14,36 @@ volume), the probe paths are looked up in the route table of the API's app facto
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
 from trd.config import Config, from_dict
 from trd.daemon import HANDLER_SHUTDOWN_S
 from trd.frontend.app import OpenAIApi, Served
-from trd.frontend.hub import Hub
 from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
-from trd.ipc.mesh import DEFAULT_CAPACITY
 from trd.mps.manager import QUIT_TIMEOUT_S, MpsManager
-from trd.supervisor import START_TIMEOUT_S
+from trd.supervisor.group import EngineGroup
+from trd.supervisor.hub import Hub
+from trd.supervisor.keeper import START_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
-# shared/ sits in the checkout on some machines and beside it on others (CI, worktrees).
-SCHEMA_DIRS = [DEPLOY / "schemas", *(d / "shared" / "k8s-schemas" for d in (ROOT, ROOT.parent))]
-# EngineGroup.close: SIGTERM to the engines, SIGKILL after this.
-ENGINE_STOP_S = 5
+CRD_SCHEMAS = DEPLOY / "schemas" / "gateway-crds.json"
+KUBERNETES = ["1.30", kubernetes_validate.latest_version()]
+# What the daemon uses: EngineGroup.close SIGKILLs engines left after its grace; one ring
+# per direction between every pair of nodes has the group's ring capacity.
+ENGINE_STOP_S = inspect.signature(EngineGroup.close).parameters["grace"].default
+RING_BYTES = inspect.signature(EngineGroup).parameters["ring_capacity"].default
 # The endpoint picker scrapes this path (its --model-server-metrics-path default).
 EPP_METRICS_PATH = "/metrics"
 QUANTITY = re.compile(r"^([0-9.]+)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
@@ -64,13 +71,15 @@ def quantity(value: str | int) -> float:
     return float(match[1]) * UNITS[match[2]]
 
 
-def schema_for(name: str, doc: dict[str, Any]) -> dict[str, Any]:
-    file = f"{doc['kind'].lower()}-{doc['apiVersion'].replace('/', '-')}.json"
-    for folder in SCHEMA_DIRS:
-        if (folder / file).is_file():
-            return dict(json.loads((folder / file).read_text()))
-    looked = ", ".join(str(d) for d in SCHEMA_DIRS)
-    pytest.fail(f"{name}: no schema {file} for {doc['apiVersion']} {doc['kind']} in {looked}")
+def crd_validator(kind: str) -> jsonschema.Draft202012Validator:
+    schema = json.loads(CRD_SCHEMAS.read_text())
+    if kind not in schema["$defs"]:
+        pytest.fail(f"{kind}: no schema in {CRD_SCHEMAS.name} or kubernetes-validate")
+    return jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{kind}"})
+
+
+def crd_errors(doc: dict[str, Any]) -> list[str]:
+    return [f"{e.json_path}: {e.message}" for e in crd_validator(doc["kind"]).iter_errors(doc)]
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -78,12 +87,66 @@ def test_kustomization_lists_every_manifest() -> None:
     assert sorted(resources()) == sorted(on_disk)
 
 
+@pytest.mark.parametrize("version", KUBERNETES)
 @pytest.mark.parametrize("name", resources())
-def test_manifest_matches_its_schema(name: str) -> None:
+def test_manifest_matches_its_schema(name: str, version: str) -> None:
     doc = load(name)
-    validator = jsonschema.Draft202012Validator(schema_for(name, doc))
-    errors = [f"{name}: {e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
-    assert not errors, "\n".join(errors)
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = ".".join(str(p) for p in exc.path)
+        pytest.fail(f"{name} on Kubernetes {version}: {path}: {exc.message}")
+    except kubernetes_validate.SchemaNotFoundError:  # not a Kubernetes kind: a CRD's
+        assert not crd_errors(doc), f"{name}: " + "; ".join(crd_errors(doc))
+
+
+def test_core_validation_is_strict() -> None:
+    """A misspelt field is an error, not ignored (kubectl's server-side validation agrees)."""
+    doc = copy.deepcopy(by_kind("Deployment"))
+    doc["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="livenesProbe"):
+        kubernetes_validate.validate(doc, KUBERNETES[0], strict=True)
+
+
+# Each edit breaks a documented rule; our CRD schemas must refuse every one.
+BROKEN = {
+    "InferencePool": [
+        ("an unknown field", lambda d: d["spec"].update(replicas=2)),
+        ("nine target ports", lambda d: d["spec"].update(
+            targetPorts=[{"number": 8000 + i} for i in range(9)])),
+        ("a port twice", lambda d: d["spec"].update(targetPorts=[{"number": 8000}] * 2)),
+        ("port 0", lambda d: d["spec"].update(targetPorts=[{"number": 0}])),
+        ("no selector", lambda d: d["spec"].pop("selector")),
+        ("an empty selector", lambda d: d["spec"]["selector"].update(matchLabels={})),
+        ("a bad failure mode", lambda d: d["spec"]["endpointPickerRef"].update(
+            failureMode="Retry")),
+        ("a Service picker without port", lambda d: d["spec"]["endpointPickerRef"].pop("port")),
+        ("a bad app protocol", lambda d: d["spec"].update(appProtocol="grpc")),
+    ],
+    "HTTPRoute": [
+        ("an unknown field", lambda d: d["spec"]["rules"][0].update(retries=3)),
+        ("a bad timeout", lambda d: d["spec"]["rules"][0]["timeouts"].update(request="10min")),
+        ("a relative path", lambda d: d["spec"]["rules"][0]["matches"][0]["path"].update(
+            value="v1")),
+        ("a bad match type", lambda d: d["spec"]["rules"][0]["matches"][0]["path"].update(
+            type="Prefix")),
+        ("seventeen rules", lambda d: d["spec"].update(rules=d["spec"]["rules"] * 17)),
+        ("a Service backend without port", lambda d: d["spec"]["rules"][0].update(
+            backendRefs=[{"name": "tokenrouterd"}])),
+        ("an unnamed parent", lambda d: d["spec"]["parentRefs"][0].pop("name")),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "edit"),
+    [pytest.param(k, e, id=f"{k}: {what}") for k, cases in BROKEN.items() for what, e in cases],
+)
+def test_crd_schemas_refuse_what_the_reference_forbids(kind: str, edit: Any) -> None:
+    doc = copy.deepcopy(by_kind(kind))
+    assert not crd_errors(doc)
+    edit(doc)
+    assert crd_errors(doc)
 
 
 # -- the daemon's side --------------------------------------------------------------------
@@ -101,7 +164,8 @@ def routes(tiny_models: dict[str, Path]) -> set[str]:
     """GET paths of the app the daemon serves on `listen` (no engines needed to build it)."""
     path = tiny_models["small"]
     served = Served(["small"], PromptEncoder(path), 64, 0, 0)
-    app = OpenAIApi(served, Hub(1), Metrics(dict, lambda: 0)).app()
+    hub = Hub(1)
+    app = OpenAIApi(served, hub, Metrics(dict, hub.gens.values, "small", ())).app()
     return {r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource}
 
 
@@ -161,17 +225,15 @@ def test_listen_port_is_the_port_of_container_service_and_pool(config: Config) -
     assert [p["number"] for p in pool["targetPorts"]] == [http_port()]
 
 
-# Strict: once the daemon serves /ready this XPASS fails, to have the mark removed.
-READY_PENDING = pytest.mark.xfail(strict=True, reason="GET /ready comes with a daemon change")
-
-
 @pytest.mark.parametrize(
-    "probe", ["startupProbe", "livenessProbe", pytest.param("readinessProbe", marks=READY_PENDING)]
+    ("probe", "path"),
+    [("startupProbe", "/health"), ("livenessProbe", "/health"), ("readinessProbe", "/ready")],
 )
-def test_probes_call_endpoints_the_daemon_serves(probe: str, routes: set[str]) -> None:
+def test_probes_call_liveness_and_readiness(probe: str, path: str, routes: set[str]) -> None:
+    """Liveness must not be readiness: an engine restart or a drain would kill the pod."""
     get = container()[probe]["httpGet"]
     assert port_number(get["port"]) == http_port()
-    assert get["path"] in routes, f"{probe} calls {get['path']}; the daemon serves {routes}"
+    assert get["path"] == path and path in routes, f"{probe}: {get['path']}; served: {routes}"
 
 
 def test_the_endpoint_picker_finds_the_metrics(routes: set[str]) -> None:
@@ -224,7 +286,7 @@ def test_shm_holds_the_rings_and_counts_against_the_memory_limit(config: Config)
     shm = writable_mounts()["/dev/shm"]
     n = len(config.models)
     assert shm["medium"] == "Memory"
-    assert quantity(shm["sizeLimit"]) >= n * (n + 1) * DEFAULT_CAPACITY  # a ring per direction
+    assert quantity(shm["sizeLimit"]) >= n * (n + 1) * RING_BYTES  # a ring per direction
     limits = container()["resources"]["limits"]
     assert quantity(limits["memory"]) > quantity(shm["sizeLimit"])
 
