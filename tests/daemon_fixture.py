@@ -107,18 +107,25 @@ class Daemon:
         ctype = "json" if body[:1] in (b"{", b"[") else "text"
         return status, json.loads(body) if ctype == "json" else body.decode()
 
-    def wait_health(self, want: int, timeout: float) -> None:
+    def wait_status(self, path: str, want: int, timeout: float, every: float = 0.2) -> Any:
+        """Poll GET `path` until it answers `want`; returns that answer's body."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
             try:
-                if self.get("/health")[0] == want:
-                    return
+                status, body = self.get(path)
+                if status == want:
+                    return body
             except OSError:
                 pass
-            time.sleep(0.2)
-        raise AssertionError(f"/health never returned {want} in {timeout} s:\n{self.log()}")
+            time.sleep(every)
+        raise AssertionError(f"{path} never returned {want} in {timeout} s:\n{self.log()}")
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until /ready says every engine serves (the HTTP port opens only after the first
+        start, so this also waits for the daemon to come up)."""
+        self.wait_status("/ready", 200, timeout)
 
     def stop(self, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
@@ -145,7 +152,7 @@ def launch_daemon(config_path: Path, env: dict[str, str] | None = None) -> Daemo
 
 def wait_serving(daemon: Daemon) -> Daemon:
     try:
-        daemon.wait_health(200, START_TIMEOUT_S)
+        daemon.wait_ready(START_TIMEOUT_S)
     except BaseException:
         daemon.stop()
         raise

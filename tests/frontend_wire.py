@@ -67,7 +67,7 @@ def post(
         hub, group = Hub(max_inflight=8), WireGroup()
         hub.attach(group)  # type: ignore[arg-type]
         served = Served(["small", "large"], encoder, CONTEXT, VOCAB, created=0)
-        app = OpenAIApi(served, hub, Metrics(dict, lambda: 0)).app()
+        app = OpenAIApi(served, hub, Metrics(dict, hub.gens.values, served.model_id, ())).app()
         async with test_utils.TestClient(test_utils.TestServer(app)) as client:
             headers = {} if ctype is None else {"Content-Type": ctype}
             resp = await client.post(path, data=body, headers=headers)

@@ -6,6 +6,7 @@ and the process must exit within limits, leaving no shared-memory segment behind
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import signal
@@ -59,6 +60,37 @@ class NotifyListener:
         self._stop.set()
         self._thread.join(2)
         self.sock.close()
+
+
+class Prober:
+    """Polls /ready and /health from a thread; `seen` holds (time, ready status, body,
+    health status), None for a probe the server did not answer (it has exited)."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
+        self.seen: list[tuple[float, int | None, Any, int | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ready, body = self.d.get("/ready")
+                health = self.d.get("/health")[0]
+            except (OSError, http.client.HTTPException):  # the server closed or is closing
+                ready, body, health = None, None, None
+            self.seen.append((time.monotonic(), ready, body, health))
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def first_not_ready(self) -> tuple[float, Any]:
+        """When /ready first answered something else than 200, and its body."""
+        (at, body), *_ = [(t, b) for t, r, b, _ in self.seen if r is not None and r != 200]
+        return at, body
 
 
 @pytest.fixture(scope="module")
@@ -142,14 +174,23 @@ def test_a_hung_engine_fails_its_requests_after_the_stall_timeout(daemon: Daemon
 def test_killed_engine_fails_its_requests_and_the_daemon_recovers(daemon: Daemon) -> None:
     large = request(daemon.admin, "GET", "/status")["engines"][1]
     started = threading.Barrier(3)
-    with ThreadPoolExecutor(2) as pool:
-        running = [pool.submit(stream_text, daemon, 400, started) for _ in range(2)]
-        started.wait(30)
-        os.kill(large["pid"], signal.SIGKILL)
-        for fut in running:
-            with pytest.raises(openai.APIError, match="died"):
-                fut.result(timeout=30)
-    daemon.wait_health(200, timeout=90)
+    probe = Prober(daemon)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            running = [pool.submit(stream_text, daemon, 400, started) for _ in range(2)]
+            started.wait(30)
+            os.kill(large["pid"], signal.SIGKILL)
+            for fut in running:
+                with pytest.raises(openai.APIError, match="died"):
+                    fut.result(timeout=30)
+        daemon.wait_ready(timeout=90)
+    finally:
+        probe.close()
+    # Not ready while the engines restart, and why; alive all along (no container restart).
+    _, body = probe.first_not_ready()
+    assert body["status"] == "restarting", body
+    assert body["reason"].startswith("restarting engines after: engine 'large'"), body
+    assert {health for *_, health in probe.seen} == {200}
     status = request(daemon.admin, "GET", "/status")
     assert status["restarts"] == 1
     assert all(e["state"] == "ready" for e in status["engines"])
@@ -197,13 +238,17 @@ def test_sigterm_during_8_streams_drains_and_exits_0(
             return text, f"error: {exc.message}", time.monotonic()
         return text, finish, time.monotonic()
 
-    with ThreadPoolExecutor(len(lengths)) as pool:
-        futures = [pool.submit(outcome, n) for n in lengths]
-        started.wait(60)
-        signalled = time.monotonic()
-        daemon.proc.send_signal(signal.SIGTERM)
-        results = [f.result(timeout=60) for f in futures]
-    assert daemon.proc.wait(60) == 0, daemon.log()
+    probe = Prober(daemon)
+    try:
+        with ThreadPoolExecutor(len(lengths)) as pool:
+            futures = [pool.submit(outcome, n) for n in lengths]
+            started.wait(60)
+            signalled = time.monotonic()
+            daemon.proc.send_signal(signal.SIGTERM)
+            results = [f.result(timeout=60) for f in futures]
+        assert daemon.proc.wait(60) == 0, daemon.log()
+    finally:
+        probe.close()
     for n, (text, finish, ended) in zip(lengths, results, strict=True):
         if finish == "length":
             assert text == expected[n]
@@ -212,6 +257,14 @@ def test_sigterm_during_8_streams_drains_and_exits_0(
             assert finish is not None and "shutting down" in finish, (n, finish)
     assert [r[1] for r in results[:4]] == ["length"] * 4  # short: they all finish in time
     assert any(r[1] != "length" for r in results[4:])  # long: cut at the end of the grace
+    # Readiness went false first, while the long streams still ran; liveness held until
+    # the server closed.
+    at, body = probe.first_not_ready()
+    assert body == {"status": "draining", "reason": "server shutting down"}
+    assert at < min(ended for _, _, ended in results[4:])
+    assert {health for *_, health in probe.seen if health is not None} == {200}
+    readies = [ready for _, ready, _, _ in probe.seen if ready is not None]
+    assert readies == sorted(readies, key=lambda r: r != 200)  # never ready again
     assert any("STOPPING=1" in m for m in notify.messages)
     assert shm_segments(daemon.proc.pid) == []
 

@@ -174,7 +174,7 @@ class Daemon:
         if self.stop.is_set():
             return 0
         served = await asyncio.to_thread(self._served)
-        metrics = Metrics(keeper.engine_stats, lambda: len(hub.gens))
+        metrics = Metrics(keeper.engine_stats, hub.gens.values, served.model_id, keeper.specs)
         admin = AdminApi(keeper, hub, self.deployment.plan, self.mps_state)
         try:
             await self._open(OpenAIApi(served, hub, metrics).app(), self.cfg.listen)
@@ -236,12 +236,12 @@ class Daemon:
             await asyncio.sleep(self.notifier.watchdog_s)
 
     async def _drain(self, hub: Hub, keeper: EngineKeeper) -> None:
+        # Readiness goes false before anything else: gateways stop sending new work here.
+        hub.stop_admitting("server shutting down")
         grace = self.cfg.grace_s
         active = len(hub.gens)
         self.notifier.stopping(f"draining {active} requests")
         log.info("stopping: %d requests in flight, grace %.0f s", active, grace)
-        if hub.state == "serving":
-            hub.state, hub.reason = "draining", "server shutting down"
         if not await hub.drain(grace):
             log.warning("aborting %d requests still running after %.0f s", len(hub.gens), grace)
         await keeper.stop("server shutting down")

@@ -1,7 +1,9 @@
-"""The OpenAI-compatible HTTP API: completions, chat completions, models, health, metrics.
+"""The OpenAI-compatible HTTP API: completions, chat completions, models, probes, metrics.
 
     POST /v1/completions        POST /v1/chat/completions     (both: JSON or SSE stream)
-    GET  /v1/models             GET  /health (503 unless serving)     GET /metrics
+    GET  /v1/models             GET  /metrics (trd_* and the vLLM-named gauges)
+    GET  /health                liveness: 200 whenever the process answers
+    GET  /ready                 readiness: 200 while every engine serves, else 503 + reason
 
 Streams send each text delta as soon as its tokens are committed by whichever engine,
 in order. Every error body is OpenAI's `{"error": {message, type, param, code}}`.
@@ -83,6 +85,7 @@ class OpenAIApi:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.prometheus)
         return app
 
@@ -92,8 +95,12 @@ class OpenAIApi:
         return web.json_response({"object": "list", "data": [card]})
 
     async def health(self, request: web.Request) -> web.Response:
+        # Engines restarting or a drain are not a reason to kill the process: /ready says so.
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
         if self.hub.state == "serving":
-            return web.json_response({"status": "ok"})
+            return web.json_response({"status": "serving"})
         return web.json_response({"status": self.hub.state, "reason": self.hub.reason}, status=503)
 
     async def prometheus(self, request: web.Request) -> web.Response:

@@ -2,19 +2,23 @@
 
 Request-side series are updated as requests finish. Engine-side series are read from
 the engines' latest Stats at scrape time (a collector), so they cost nothing between
-scrapes. Every series lives in the app's own registry.
+scrapes. Next to the `trd_*` series, the vLLM-named gauges a load-aware gateway reads
+(`vllm_metrics.py`). Every series lives in the app's own registry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from trd.engines.spec import EngineSpec
 from trd.frontend.responses import Usage
+from trd.frontend.vllm_metrics import VllmCollector
+from trd.supervisor.generation import Generation
 
 # TTFT on the CPU demo is tens of ms; on a loaded GPU host seconds.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -60,7 +64,14 @@ class _EngineCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, engine_stats: EngineStats, active: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        engine_stats: EngineStats,
+        requests: Callable[[], Collection[Generation]],
+        model_name: str,
+        engines: Sequence[EngineSpec],
+    ) -> None:
+        """`requests`: those in flight (the Hub's); `engines`: the specs, entry first."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -87,9 +98,10 @@ class Metrics:
             registry=r, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
         Gauge("trd_active_requests", "Requests in flight", registry=r).set_function(
-            lambda: float(active())
+            lambda: float(len(requests()))
         )
         r.register(_EngineCollector(engine_stats))
+        r.register(VllmCollector(model_name, requests, engine_stats, engines))
 
     def observe(
         self, endpoint: str, status: int, usage: Usage, ttft: float | None, e2e: float

@@ -3,6 +3,9 @@
 A handler `submit`s (refused with `Unavailable` while starting, restarting, draining or
 full), reads its `Generation` as it fills, and always ends with `release`, which frees
 the request on every engine if it still runs there (client gone, stop string matched).
+
+`state` is what readiness reports: "serving" only while an engine group is attached.
+"draining" is final: a group the keeper attaches during a drain takes no new requests.
 """
 
 from __future__ import annotations
@@ -38,12 +41,21 @@ class Hub:
         self.idle.set()
 
     def attach(self, group: EngineGroup) -> None:
-        self.group, self.state, self.reason = group, "serving", ""
+        self.group = group
+        if self.state != "draining":
+            self.state, self.reason = "serving", ""
         self._publish()
+
+    def stop_admitting(self, reason: str) -> None:
+        """Refuse new requests from now on (readiness false); those in flight run on."""
+        if self.state != "draining":
+            self.state, self.reason = "draining", reason
 
     def detach(self, state: State, reason: str) -> None:
         """Stop using the group; every request still running fails with `reason` (503)."""
-        self.state, self.reason, self.group = state, reason, None
+        self.group = None
+        if self.state != "draining":
+            self.state, self.reason = state, reason
         for gen in self.gens.values():
             gen.fail(reason, status=503)
 
