@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from trd.engines.engine import Engine
-from trd.engines.outbound import PeerGone
+from trd.engines.outbound import FINISHED_MEMORY, PeerGone
 from trd.engines.router import RoutingEngine
 from trd.engines.runner import ForwardOutput
 from trd.engines.sampler import sample
@@ -25,7 +25,16 @@ from trd.ipc.names import FRONTEND
 from trd.policies.base import PolicyContext
 from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
-from trd.protocol import Emit, FinishReason, Message, PeerKind, PeerReq, SamplingParams, Submit
+from trd.protocol import (
+    Abort,
+    Emit,
+    FinishReason,
+    Message,
+    PeerKind,
+    PeerReq,
+    SamplingParams,
+    Submit,
+)
 
 PROMPTS = [[60, 61, 62], [70, 71, 72, 73], [80, 81]]
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -209,3 +218,18 @@ def test_min_tokens_keeps_stop_ids_out_until_enough_tokens(spec: EngineSpec) -> 
     held = SamplingParams(max_tokens=8, stop_token_ids=(first,), min_tokens=3)
     (out,) = engine.generate([PROMPTS[0]], held)
     assert len(out) >= 3 and first not in out[:3]
+
+
+def test_a_handoff_arriving_after_its_abort_never_revives_the_request(spec: EngineSpec) -> None:
+    wire = Wire()
+    node = routing(spec, [0], wire)
+    node.inbox.handle(Abort(7))  # the client left before the request ever reached this engine
+    first = PeerReq(
+        7, 1, PeerKind.HANDOFF, 0, np.asarray(PROMPTS[0], np.int32), 3, GREEDY, b"", 0.0,
+        np.asarray([0, 3], np.uint32),
+    )  # fmt: skip
+    node.inbox.handle(first)
+    assert 7 not in node.requests and not wire.errors()
+    for rid in range(100, 100 + FINISHED_MEMORY + 10):  # the memory is bounded
+        node.out.remember(rid)
+    assert len(node.out.finished) == FINISHED_MEMORY and 7 not in node.out.finished

@@ -22,7 +22,10 @@ from trd.ipc.names import FRONTEND
 from trd.protocol import Done, Emit, FinishReason, Message, PeerKind, PeerReq
 
 log = logging.getLogger(__name__)
-FINISHED_MEMORY = 1 << 16
+# A message about a finished request can only lag behind its finish by what is in flight
+# on the rings at that moment (each ring is FIFO): a few per request in flight, far fewer
+# than this many later finishes.
+FINISHED_MEMORY = 4096
 Send = Callable[[int, Message], None]
 
 
