@@ -51,7 +51,7 @@ def test_buckets_above_max_batch_size_are_not_captured() -> None:
 
 @pytest.mark.parametrize("bad", [[], [4, 2], [0, 1], [1, 1], (1, True)])
 def test_bucket_lists_must_increase(bad: list[int]) -> None:
-    with pytest.raises(SettingError, match="engine.graph_batch_sizes: .*increasing integers"):
+    with pytest.raises(SettingError, match=r"engine\.graph_batch_sizes: .*increasing integers"):
         EngineSettings(graph_batch_sizes=bad)  # type: ignore[arg-type]
 
 

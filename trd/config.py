@@ -28,7 +28,7 @@ from typing import Any, Literal, cast
 import yaml
 
 from trd.config_reader import ConfigError, Section, fail
-from trd.engines.spec import EngineSettings, SettingError
+from trd.engines.spec import EngineSettings, SettingError, check_cuda_dtype
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
 from trd.policies.params import PolicyError, PolicySpec, parse_policy
 
@@ -188,6 +188,12 @@ def from_dict(raw: Any, base_dir: Path) -> Config:
     )
     for sec in (top, batching, shutdown, restart):
         sec.done()
+    if cfg.device.startswith("cuda"):  # with device: auto the deployment checks this
+        for i, m in enumerate(models):
+            try:
+                check_cuda_dtype(f"models[{i}].dtype", m.dtype, cfg.engine.attention)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
     if cfg.engine.cpu_linear == "onednn" and (
         cfg.device != "cpu" or any(m.dtype != "float32" for m in models)
     ):

@@ -41,7 +41,7 @@ def check_settings(obj: Any, section: str) -> None:
             continue
         if isinstance(f.default, bool):
             if not isinstance(value, bool):
-                raise SettingError(f"{key}: {value!r}: expected on or off (true or false)")
+                raise SettingError(f"{key}: {value!r}: expected true or false (on or off)")
         elif isinstance(f.default, tuple):
             _check_sizes(key, value)
         elif "choices" in meta:
