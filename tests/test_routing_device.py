@@ -17,6 +17,7 @@ from trd.engines.router import RoutingEngine
 from trd.engines.spec import EngineSpec
 from trd.policies.base import PolicyContext
 from trd.policies.factory import make_policy
+from trd.policies.heads import save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import Message, SamplingParams, Submit
 
@@ -68,3 +69,16 @@ def test_a_routing_step_reads_the_device_once(
         steps += 1
         assert host_reads == ["tolist"], f"step {steps}: {host_reads}"
     assert steps >= 2
+
+
+def test_a_learned_router_also_reads_the_device_once(
+    tiny_models: dict[str, Path], tmp_path: Path, host_reads: list[str]
+) -> None:
+    """R2R's features (hidden state, sampled token's embedding, top logits) and its head
+    run on the device; its escalations come back with the tokens."""
+    head = save_random_head(tmp_path / "r2r.safetensors", "r2r", 2 * 64 + 4, 16, seed=1, top_k=4)
+    node = routing_engine(tiny_models["small"], "r2r", {"head": str(head), "threshold": 0.5})
+    host_reads.clear()
+    assert node.step()
+    assert host_reads == ["tolist"]
+    assert len(node.requests) == 4  # none failed: the head ran, on every row

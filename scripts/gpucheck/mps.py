@@ -63,8 +63,9 @@ def http(path: str, body: dict[str, Any] | None = None, timeout: float = 5) -> A
 
 def engine_pids(pid: int) -> list[int]:
     """The daemon's engine processes: its multiprocessing children (not the resource
-    tracker, which multiprocessing also starts)."""
-    kids = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    tracker, which multiprocessing also starts), spawned from whichever of its threads."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    kids = [int(c) for t in tasks for c in (t / "children").read_text().split()]
     return [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
 
 
@@ -82,9 +83,12 @@ def mps_clients(control: Path, env: dict[str, str]) -> dict[str, Any]:
         seen["nvml_compute"] = sorted(p.pid for p in procs)
     except pynvml.NVMLError as exc:
         seen["nvml_error"] = str(exc)
-    smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name",
-                          "--format=csv,noheader"], capture_output=True, text=True)  # fmt: skip
-    seen["nvidia_smi"] = smi.stdout.strip().splitlines()
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name",
+                              "--format=csv,noheader"], capture_output=True, text=True)  # fmt: skip
+        seen["nvidia_smi"] = smi.stdout.strip().splitlines()
+    except OSError as exc:
+        seen["nvidia_smi"] = [f"unavailable: {exc}"]
     seen["nvidia_smi_pids"] = [int(x.split(",")[0]) for x in seen["nvidia_smi"] if x[:1].isdigit()]
     ask = {**os.environ, **env}
     servers = subprocess.run([str(control)], input="get_server_list\n", env=ask,

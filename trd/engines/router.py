@@ -18,6 +18,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import torch
+
 from trd.engines.engine import Engine
 from trd.engines.inbox import Inbox
 from trd.engines.launch import LaunchRule, make_launch_rule
@@ -97,6 +99,7 @@ class RoutingEngine:
         self.inbox.step_end = time.perf_counter()
         return True
 
+    @torch.inference_mode()  # the step's tensors are inference tensors; no autograd here
     def _routes(self, result: StepResult) -> RouteBatch | list[Route | None]:
         """The policy's routes for every row; if it raises, per request (None = failed)."""
         reqs, view = result.rows, result.view()
