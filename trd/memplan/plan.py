@@ -33,6 +33,9 @@ CUDA_CONTEXT_BYTES = 512 * MIB
 # cuBLAS and cuBLASLt workspaces torch allocates for the engine's stream (32 MiB each on
 # Hopper).
 CUBLAS_WORKSPACE_BYTES = 64 * MIB
+# With CUDA graphs, on top of the largest graph's intermediates: torch's rounding of the
+# pool into 2 and 20 MiB segments, and every graph's own index buffers.
+GRAPH_SLACK_BYTES = 64 * MIB
 
 
 def activation_bytes(cfg: ModelConfig, tokens: int, rows: int) -> int:
@@ -61,7 +64,7 @@ def reserve_bytes(
     their memory: the graphs run one at a time and share one pool, which holds the largest
     one's intermediates, `graph` = (its tokens, its logits rows), and write into one set
     of output buffers (float32 logits of as many rows); plus the scratch page that padded
-    rows write to (`kv_bytes_per_page`). A CPU engine has none of these.
+    rows write to (`kv_bytes_per_page`) and GRAPH_SLACK_BYTES. A CPU engine has none.
     """
     total = activation_bytes(cfg, max_batch_tokens, max_batch_tokens)
     if device.startswith("cuda"):
@@ -70,7 +73,7 @@ def reserve_bytes(
         if graph[0]:
             tokens, rows = graph
             total += activation_bytes(cfg, tokens, rows) + rows * cfg.vocab_size * 4
-            total += kv_bytes_per_page
+            total += kv_bytes_per_page + GRAPH_SLACK_BYTES
     return total
 
 
