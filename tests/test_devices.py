@@ -33,9 +33,11 @@ def test_probe_reads_every_gpu_and_shuts_nvml_down(monkeypatch: pytest.MonkeyPat
         lambda i: SimpleNamespace(total=memory[i][0], free=memory[i][1]),
     )
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda i: names[i])
+    uuids: dict[int, str | bytes] = {0: "GPU-aaaa", 1: b"GPU-bbbb"}
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID", lambda i: uuids[i])
     assert probe_gpus() == [
-        GpuInfo(0, "NVIDIA H100", 80, 70),
-        GpuInfo(1, "NVIDIA A100", 40, 10),
+        GpuInfo(0, "NVIDIA H100", 80, 70, "GPU-aaaa"),
+        GpuInfo(1, "NVIDIA A100", 40, 10, "GPU-bbbb"),
     ]
     assert calls == ["init", "shutdown"]
 

@@ -107,7 +107,7 @@ def daemon(
     tmp = tmp_path_factory.mktemp("e2e_lifecycle")
     extra = {
         "restart": {"max_retries": 1, "backoff_s": 0.2},
-        "shutdown": {"grace_s": 3},
+        "shutdown": {"grace_s": 0.5},  # long streams outlast it, short ones end within it
         "stall_timeout_s": 3,
         # Auto mode on, from thresholds no recommendation can keep (B = 3 at N = 1).
         "batching": {"thresholds": {"large": [3]}, "auto_interval_s": 1.0},

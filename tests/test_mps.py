@@ -24,7 +24,8 @@ from trd.mps.manager import MpsError, MpsManager, daemon_pid, is_running
 from trd.mps.resolve import resolve_mps
 
 REPO = Path(__file__).resolve().parents[1]
-GPU = GpuInfo(0, "NVIDIA H100 80GB HBM3", 85_520_809_984, 84_000_000_000)
+UUID = "GPU-6f1e04a4-7cd2-0c0d-4bd6-0e4b4d1a7c55"
+GPU = GpuInfo(0, "NVIDIA H100 80GB HBM3", 85_520_809_984, 84_000_000_000, UUID)
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +47,7 @@ def mps_binary() -> str:
 
 @pytest.fixture
 def manager(tmp_path: Path, mps_binary: str) -> Iterator[MpsManager]:
-    mps = MpsManager(tmp_path, mps_binary, active_thread_percentage={"large": 60})
+    mps = MpsManager(tmp_path, mps_binary, gpu_uuid=UUID)
     yield mps
     mps.stop()
 
@@ -75,6 +76,8 @@ def test_start_answers_and_stop_cleans_up(manager: MpsManager, tmp_path: Path) -
     pid = daemon_pid(manager.pipe_dir)
     assert pid is not None and is_running(pid)
     assert "nvidia-cuda-mps-control" in Path(f"/proc/{pid}/cmdline").read_text()
+    # The GPU goes to the daemon (and so to its servers) by UUID.
+    assert f"CUDA_VISIBLE_DEVICES={UUID}" in Path(f"/proc/{pid}/environ").read_text().split("\0")
     # No CUDA client has connected, so the daemon has started no server.
     assert manager.query("get_server_list") == ""
     assert manager.query("get_default_active_thread_percentage").strip() == "100.0"
@@ -86,13 +89,11 @@ def test_start_answers_and_stop_cleans_up(manager: MpsManager, tmp_path: Path) -
 
 
 def test_engine_env(tmp_path: Path) -> None:
-    mps = MpsManager(tmp_path, active_thread_percentage={"large": 60})
-    base = {
+    mps = MpsManager(tmp_path, gpu_uuid=UUID)
+    assert mps.engine_env() == {
         "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps" / "pipe"),
         "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps" / "log"),
     }
-    assert mps.engine_env("small") == base
-    assert mps.engine_env("large") == {**base, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "60"}
 
 
 def test_stale_daemon_is_replaced(manager: MpsManager, tmp_path: Path, mps_binary: str) -> None:
@@ -144,8 +145,6 @@ def test_missing_binary_fails_start_and_cleans_up(tmp_path: Path) -> None:
 
 
 def test_bad_settings_are_rejected(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"'large' must be 1\.\.100: 0"):
-        MpsManager(tmp_path, active_thread_percentage={"large": 0})
     with pytest.raises(MpsError, match="exceeds 107 bytes"):
         MpsManager(tmp_path / ("x" * 100))
 

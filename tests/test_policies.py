@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trd.engines.request import Request
-from trd.policies.base import PolicyContext, RoutingPolicy, StepView
+from trd.policies.base import PolicyContext, Route, RouteBatch, RoutingPolicy, StepView, host_routes
 from trd.policies.factory import make_policy
 from trd.policies.heads import save_random_head
 from trd.policies.params import PolicyError, PolicySpec, parse_policy
@@ -27,6 +27,10 @@ def req(num_output: int = 0) -> Request:
 
 def make(name: str, context: PolicyContext, params: dict) -> RoutingPolicy:
     return make_policy(PolicySpec(name, params), context)
+
+
+def route(policy: RoutingPolicy, reqs: list[Request], view: StepView) -> list[Route]:
+    return host_routes(policy.route(reqs, view))
 
 
 @pytest.mark.parametrize(
@@ -75,24 +79,34 @@ def test_rstitch_escalates_uncertain_positions_and_returns_when_sure() -> None:
     )
 
     def view(logits: torch.Tensor) -> StepView:
-        return StepView(logits, torch.zeros(1, HIDDEN), [0])
+        return StepView(logits, torch.zeros(1, HIDDEN), torch.tensor([0]))
 
-    (r,) = small.route([req()], view(unsure))
+    (r,) = route(small, [req()], view(unsure))
     assert (r.dst, r.commit) == (1, False)  # drop the candidate, the large model regenerates
-    (r,) = small.route([req()], view(sure))
+    (r,) = route(small, [req()], view(sure))
     assert (r.dst, r.commit) == (0, True)
-    (r,) = large.route([req()], view(unsure))
+    (r,) = route(large, [req()], view(unsure))
     assert (r.dst, r.commit) == (1, True)  # the large model keeps it while unsure
-    (r,) = large.route([req()], view(sure))
+    (r,) = route(large, [req()], view(sure))
     assert (r.dst, r.commit) == (0, True)  # and returns it once confident
+
+
+def test_rstitch_decides_on_the_device_for_the_whole_batch() -> None:
+    """R-Stitch returns tensors (copied to the host with the tokens, in the step's one
+    copy) that hold the same decisions row by row."""
+    logits = torch.tensor([[10.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 9.0, 0.0, 0.0]])
+    view = StepView(logits, torch.zeros(3, HIDDEN), torch.tensor([0, 1, 1]))
+    routes = make("rstitch", ctx(0), {"threshold": 0.5}).route([req(), req(), req()], view)
+    assert isinstance(routes, RouteBatch) and routes.dst.device == logits.device
+    assert [(r.dst, r.commit) for r in host_routes(routes)] == [(0, True), (1, False), (0, True)]
 
 
 def test_scripted_hands_the_first_and_later_positions_to_their_owner() -> None:
     small, large = (make("scripted", ctx(m), {"schedule": [1, 0, 0]}) for m in (0, 1))
-    view = StepView(torch.zeros(1, 4), torch.zeros(1, HIDDEN), [7])
-    (r,) = small.route([req(0)], view)
+    view = StepView(torch.zeros(1, 4), torch.zeros(1, HIDDEN), torch.tensor([7]))
+    (r,) = route(small, [req(0)], view)
     assert (r.dst, r.commit) == (1, False)  # position 0 is the large model's
-    (r,) = large.route([req(0)], view)
+    (r,) = route(large, [req(0)], view)
     assert (r.dst, r.commit) == (0, True)  # keep it; position 1 is the small model's
-    (r,) = small.route([req(2)], view)
+    (r,) = route(small, [req(2)], view)
     assert (r.dst, r.commit) == (1, True)  # keep position 2; position 3 is the large's

@@ -59,3 +59,10 @@ def test_sandbox_keeps_shared_memory_and_gpu_nodes() -> None:
     assert "PrivateIPC" not in s
     assert s["ProtectSystem"] == ["strict"]  # /dev (with /dev/shm) is outside its reach
     assert "InaccessiblePaths" not in s
+
+
+def test_flashinfer_compiles_into_the_units_cache_directory() -> None:
+    """flashinfer's JIT cache defaults to the home directory, read-only in the sandbox."""
+    s = unit_settings()
+    env = dict(e.split("=", 1) for e in s["Environment"])
+    assert env["FLASHINFER_WORKSPACE_BASE"] == f"/var/cache/{s['CacheDirectory'][0]}"

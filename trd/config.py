@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar, cast
 import yaml
 
 from trd.config_reader import ConfigError, Section, fail
-from trd.engines.spec import BatchingSettings, EngineSettings, SettingError
+from trd.engines.spec import BatchingSettings, EngineSettings, SettingError, check_cuda_dtype
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
 from trd.models.tokenizers import TOKENIZER_FILE, chat_template, first_difference, read_tokenizer
 from trd.policies.params import PolicyError, PolicySpec, parse_policy
@@ -192,6 +192,12 @@ def from_dict(raw: Any, base_dir: Path) -> Config:
     )
     for sec in (top, shutdown, restart):
         sec.done()
+    if cfg.device.startswith("cuda"):  # with device: auto the deployment checks this
+        for i, m in enumerate(models):
+            try:
+                check_cuda_dtype(f"models[{i}].dtype", m.dtype, cfg.engine.attention)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
     return cfg
 
 

@@ -129,7 +129,7 @@ class Daemon:
             return EXIT_FAILED
         specs = self.deployment.specs
         if mps is not None:
-            env = {m.name: mps.engine_env(m.name) for m in self.cfg.models}
+            env = {m.name: mps.engine_env() for m in self.cfg.models}
             specs = self.deployment.with_env(env)
         hub = Hub(self.cfg.max_inflight)
         keeper = EngineKeeper(self.cfg, specs, hub, self.tap)
@@ -145,7 +145,7 @@ class Daemon:
         if not self.deployment.use_mps:
             return None
         runtime = os.environ.get("RUNTIME_DIRECTORY") or tempfile.mkdtemp(prefix="trd-")
-        mps = MpsManager(Path(runtime))
+        mps = MpsManager(Path(runtime), gpu_uuid=self.deployment.gpu_uuid)
         mps.start()
         self.mps_state = MpsState("running", "", mps.pid, str(mps.pipe_dir))
         return mps

@@ -17,10 +17,11 @@ MEMINFO = Path("/proc/meminfo")
 class GpuInfo:
     """One GPU as NVML reports it at probe time."""
 
-    index: int
+    index: int  # NVML's index: PCI bus order
     name: str
     total_bytes: int
     free_bytes: int
+    uuid: str = ""  # "GPU-...": how engines and MPS are given the device (no ordering doubt)
 
 
 def probe_gpus() -> list[GpuInfo]:
@@ -40,7 +41,9 @@ def probe_gpus() -> list[GpuInfo]:
             # Older nvidia-ml-py releases return bytes here.
             if isinstance(name, bytes):
                 name = name.decode()
-            gpus.append(GpuInfo(index, name, int(mem.total), int(mem.free)))
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            gpus.append(GpuInfo(index, name, int(mem.total), int(mem.free), uuid))
         return gpus
     finally:
         pynvml.nvmlShutdown()

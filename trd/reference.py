@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from trd.engines.request import Request
 from trd.engines.sampler import ban_early_stops, sample
 from trd.models.checkpoint import read_checkpoint
-from trd.policies.base import PolicyContext, RoutingPolicy, StepView
+from trd.policies.base import PolicyContext, RoutingPolicy, StepView, host_routes
 from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import FinishReason, SamplingParams
@@ -59,7 +59,8 @@ class ReferenceRouter:
             token = sample(logits, [params], [len(seq)])[0]
             trace.forwards += 1
             trace.fed[cur] = len(seq)
-            route = self.policies[cur].route([req], StepView(logits, hidden, [token]))[0]
+            view = StepView(logits, hidden, torch.tensor([token]))
+            route = host_routes(self.policies[cur].route([req], view))[0]
             if route.commit:
                 seq.append(token)
                 trace.tokens.append(token)

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from trd.engines.request import Request
 from trd.engines.sampler import sample
-from trd.policies.base import PolicyContext, RoutingPolicy, StepView
+from trd.policies.base import PolicyContext, RoutingPolicy, StepView, host_routes
 from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
@@ -37,10 +37,16 @@ class Output:
 
 class OfficialRouter:
     def __init__(
-        self, paths: Sequence[Path], policy: str, params: dict[str, Any], dtype: str = "float32"
+        self,
+        paths: Sequence[Path],
+        policy: str,
+        params: dict[str, Any],
+        dtype: str = "float32",
+        device: str = "cpu",
     ) -> None:
+        self.device = torch.device(device)
         self.models: list[PreTrainedModel] = [
-            AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype)).eval()
+            AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype)).to(device).eval()
             for p in paths
         ]
         self.policies: list[RoutingPolicy] = [
@@ -59,13 +65,14 @@ class OfficialRouter:
         req = Request(0, seq, len(prompt), params, arrival=0.0)
         while len(out.tokens) < params.max_tokens:
             seen = caches[cur].get_seq_length()
-            feed = torch.tensor([seq[seen:]])
+            feed = torch.tensor([seq[seen:]], device=self.device)
             res = self.models[cur](
                 feed, cache=caches[cur], use_cache=True, output_hidden_states=True
             )
             logits, hidden = res.logits[0, -1:], res.hidden_states[-1][0, -1:]
             token = sample(logits, [params], [len(seq)])[0]
-            route = self.policies[cur].route([req], StepView(logits, hidden, [token]))[0]
+            view = StepView(logits, hidden, torch.tensor([token], device=self.device))
+            route = host_routes(self.policies[cur].route([req], view))[0]
             if route.commit:
                 seq.append(token)
                 out.tokens.append(token)

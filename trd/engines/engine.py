@@ -25,9 +25,10 @@ import torch
 from trd.engines.pages import PageAllocator
 from trd.engines.request import Request, State
 from trd.engines.runner import ForwardOutput, ModelRunner
-from trd.engines.sampler import ban_early_stops, sample
+from trd.engines.sampler import ban_early_stops, sample_tensor
 from trd.engines.scheduler import Scheduled, Scheduler
 from trd.engines.spec import EngineSpec
+from trd.engines.step import StepResult
 from trd.protocol import FinishReason, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -39,19 +40,6 @@ class TokenOutput:
     token: int  # -1 when the request failed
     finish: FinishReason
     error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    forward: ForwardOutput
-    tokens: list[int]  # sampled candidate per completed item
-    batch_size: int  # requests in the forward, completed or not
-    fed: int  # tokens fed in the forward
-    failed: list[tuple[Request, str]]  # requests this step could not serve, and why
-
-    @property
-    def requests(self) -> list[Request]:
-        return [item.req for item in self.forward.items]
 
 
 class Engine:
@@ -118,17 +106,15 @@ class Engine:
         for item in batch:
             item.req.kv_len += item.num_tokens
             item.req.fed_tokens += item.num_tokens
-        bad = (~torch.isfinite(out.logits).all(dim=-1)).tolist()
-        if any(bad):
-            failed += [(item.req, "the model produced non-finite logits (NaN or inf)")
-                       for item, b in zip(out.items, bad, strict=True) if b]  # fmt: skip
-            out = out.select([i for i, b in enumerate(bad) if not b])
+        finite = torch.isfinite(out.logits).all(dim=-1)  # before bans set -inf on purpose
         reqs = [item.req for item in out.items]
         params = [r.params for r in reqs]
-        ban_early_stops(out.logits, params, [r.num_output for r in reqs], self.cfg.eos_token_ids)
-        tokens = sample(out.logits, params, [len(r.seq) for r in reqs])
+        eos = self.cfg.eos_token_ids
+        banned = ban_early_stops(out.logits, params, [r.num_output for r in reqs], eos)
+        positions = [len(r.seq) for r in reqs]
+        tokens = sample_tensor(out.logits, params, positions, None if banned else out.greedy)
         fed = sum(i.num_tokens for i in batch)
-        return StepResult(out, tokens, len(batch), fed, failed)
+        return StepResult(out, tokens, finite, len(batch), fed, failed)
 
     def _run(self, batch: list[Scheduled]) -> tuple[ForwardOutput, list[tuple[Request, str]]]:
         """The batch's forward; if it raises, each request alone, so one bad one fails alone."""

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 
 from trd.engines.model import CausalLM
 from trd.engines.rope import RotaryEmbedding
@@ -20,6 +19,10 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def _ignored(key: str, tied: bool) -> bool:
+    return key.endswith(_IGNORED_SUFFIXES) or (tied and key == "lm_head.weight")
+
+
 def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
     """Build the model on `device` with the checkpoint's weights cast to dtype."""
     cfg, model_dir = ckpt.config, ckpt.path
@@ -30,13 +33,14 @@ def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
     weights: dict[str, torch.Tensor] = {}
     for path in ckpt.weight_files:
         try:
-            weights.update(load_file(path, device=str(device)))
+            with safe_open(path, framework="pt") as f:
+                # One tensor at a time, cast on the host, then moved: the peak is the
+                # served model plus one tensor, not the checkpoint's dtype on the device.
+                for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    if not _ignored(key, cfg.tie_word_embeddings):
+                        weights[key] = f.get_tensor(key).to(tdtype).to(device)
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{path}: cannot read safetensors ({exc})") from None
-    if cfg.tie_word_embeddings:
-        weights.pop("lm_head.weight", None)
-    for key in [k for k in weights if k.endswith(_IGNORED_SUFFIXES)]:
-        del weights[key]
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
@@ -51,7 +55,7 @@ def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
                 f"{model_dir}: tensor {key} has shape {tuple(tensor.shape)}, "
                 f"config.json implies {tuple(expected[key].shape)}"
             )
-    model.load_state_dict({k: v.to(tdtype) for k, v in weights.items()}, assign=True)
+    model.load_state_dict(weights, assign=True)
     # The rope frequencies are derived, not loaded: build them for real on the device.
     model.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, device)
     return model.eval()

@@ -18,16 +18,19 @@ import logging
 import time
 from collections.abc import Callable
 
-from trd.engines.engine import Engine, StepResult
+import torch
+
+from trd.engines.engine import Engine
 from trd.engines.inbox import Inbox
 from trd.engines.launch import LaunchRule, make_launch_rule
 from trd.engines.outbound import Outbound, PeerGone, Send
 from trd.engines.request import Request, State
 from trd.engines.spec import EngineSpec
 from trd.engines.stats import EngineStats
+from trd.engines.step import StepResult
 from trd.ipc.counters import Counters
 from trd.ipc.names import FRONTEND
-from trd.policies.base import Route, RoutingPolicy, StepView
+from trd.policies.base import Route, RouteBatch, RoutingPolicy, host_routes
 from trd.protocol import Emit, FinishReason
 
 log = logging.getLogger(__name__)
@@ -73,18 +76,17 @@ class RoutingEngine:
         result = self.engine.forward()
         if result is None:
             return False
+        # The routes are decided on the device; then the step's one copy to the host.
+        host = result.resolve(self._routes(result))
         self.stats.record_step(result.batch_size, time.perf_counter() - start, result.fed)
         self.launch.stepped()
-        for req, error in result.failed:
+        for req, error in host.failed:
             self._fail(req, error)
-        routes = self._routes(result)
         # Handoffs go out before the step's Emits: a peer waiting for work is on the
         # critical path, the front end is not (it orders Emits by position anyway).
         emits: list[Emit] = []
         finished: list[Request] = []
-        for req, token, route in zip(result.requests, result.tokens, routes, strict=True):
-            if route is None:
-                continue
+        for req, token, route in zip(host.requests, host.tokens, host.routes, strict=True):
             try:
                 self._apply(req, token, route, emits, finished)
             except Exception as exc:
@@ -97,22 +99,23 @@ class RoutingEngine:
         self.inbox.step_end = time.perf_counter()
         return True
 
-    def _routes(self, result: StepResult) -> list[Route | None]:
-        """The policy's routes for the batch; if it raises, per request (None = failed)."""
-        reqs = result.requests
-        view = StepView(result.forward.logits, result.forward.hidden, result.tokens)
+    @torch.inference_mode()  # the step's tensors are inference tensors; no autograd here
+    def _routes(self, result: StepResult) -> RouteBatch | list[Route | None]:
+        """The policy's routes for every row; if it raises, per request (None = failed)."""
+        reqs, view = result.rows, result.view()
         try:
-            return list(self.policy.route(reqs, view))
+            routes = self.policy.route(reqs, view)
+            return routes if isinstance(routes, RouteBatch) else list(routes)
         except Exception:
             log.exception("policy %s failed on a batch of %d", self.policy.name, len(reqs))
-        routes: list[Route | None] = []
+        routes_: list[Route | None] = []
         for i, req in enumerate(reqs):
             try:
-                routes.append(self.policy.route([req], view.row(i))[0])
+                routes_.append(host_routes(self.policy.route([req], view.row(i)))[0])
             except Exception as exc:
                 self._fail(req, f"routing policy failed: {type(exc).__name__}: {exc}")
-                routes.append(None)
-        return routes
+                routes_.append(None)
+        return routes_
 
     def _apply(
         self, req: Request, token: int, route: Route, emits: list[Emit], finished: list[Request]

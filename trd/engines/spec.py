@@ -21,6 +21,8 @@ from trd.policies.params import PolicySpec
 
 CPU_LINEARS = ("torch", "onednn")  # how an engine runs its linear layers on CPU
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
+# flashinfer's kernels exist for these only (its dtype maps have no float32/float64 entry).
+FLASHINFER_DTYPES = ("bfloat16", "float16")
 
 
 def setting(default: Any, doc: str, **check: Any) -> Any:
@@ -40,7 +42,9 @@ def check_settings(obj: Any, section: str) -> None:
             continue
         if isinstance(f.default, bool):
             if not isinstance(value, bool):
-                raise SettingError(f"{key}: {value!r}: expected true or false")
+                raise SettingError(f"{key}: {value!r}: expected true or false (on or off)")
+        elif isinstance(f.default, tuple):
+            _check_sizes(key, value)
         elif "choices" in meta:
             if value not in meta["choices"]:
                 raise SettingError(f"{key}: {value!r}: expected one of {list(meta['choices'])}")
@@ -51,6 +55,27 @@ def check_settings(obj: Any, section: str) -> None:
                 raise SettingError(f"{key}: {value!r}: expected {want}")
             if value < meta.get("low", float("-inf")):
                 raise SettingError(f"{key}: {value!r}: must be >= {meta['low']}")
+
+
+def _check_sizes(key: str, value: Any) -> None:
+    ok = (
+        isinstance(value, tuple)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+    )
+    if not ok or list(value) != sorted(set(value)):
+        raise SettingError(f"{key}: {list(value) if isinstance(value, tuple) else value!r}: "
+                           "expected a non-empty list of increasing integers >= 1")  # fmt: skip
+
+
+def check_cuda_dtype(where: str, dtype: str, attention: str) -> None:
+    """On CUDA the flashinfer backend ("auto" picks it) runs float16 and bfloat16 only."""
+    if attention != "torch" and dtype not in FLASHINFER_DTYPES:
+        raise ValueError(
+            f"{where}: {dtype!r}: flashinfer, the CUDA attention backend, runs only "
+            f"{' and '.join(FLASHINFER_DTYPES)}; choose one of them, or engine.attention: "
+            "torch for the (slower) torch attention on CUDA"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +93,23 @@ class EngineSettings:
                              choices=ATTENTION_BACKENDS)  # fmt: skip
     pending_kv: bool = setting(True, "ablation: false frees a request's KV when it leaves")
     step_sync: bool = setting(False, "ablation: true puts a global barrier between steps")
+    cuda_graphs: bool = setting(True, "on CUDA: replay captured graphs for steps that fit a bucket")
+    graph_batch_sizes: tuple[int, ...] = setting(
+        (1, 2, 4, 8, 16, 24, 32, 48, 64), "batch sizes with a captured graph (decode and extend)"
+    )
+    graph_extend_lens: tuple[int, ...] = setting(
+        (2, 4, 8), "new tokens per request (at most) of the captured extend graphs"
+    )
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # YAML gives lists; the settings are frozen (hashable) tuples
+            if isinstance(f.default, tuple) and isinstance(getattr(self, f.name), list):
+                object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
         check_settings(self, "engine")
+
+    def graph_batches(self) -> tuple[int, ...]:
+        """The batch buckets that can occur: those above max_batch_size are never captured."""
+        return tuple(b for b in self.graph_batch_sizes if b <= self.max_batch_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +144,8 @@ class EngineSpec:
             raise ValueError(f"dtype {self.dtype!r} is not supported (choose from {DTYPES})")
         if self.kv_pages < 1 or self.max_model_len < 0 or self.threads < 1:
             raise ValueError(f"engine {self.name!r}: kv_pages, threads >= 1 and max_model_len >= 0")
+        if self.device.startswith("cuda"):
+            check_cuda_dtype(f"engine {self.name!r}: dtype", self.dtype, self.settings.attention)
         if self.settings.cpu_linear == "onednn" and (
             self.device != "cpu" or self.dtype != "float32"
         ):

@@ -22,25 +22,58 @@ from trd.models.checkpoint import Checkpoint, ModelConfig
 GIB = 1 << 30
 MIB = 1 << 20
 
-# flashinfer's attention wrappers ask for a fixed float workspace buffer (the backend
-# allocates exactly this).
+# On CUDA each engine holds, besides weights, KV and activations (the numbers are
+# checked on a GPU by scripts/gpu_check.sh, which compares them with what it measures):
+# flashinfer's float workspace (twice the 128 MiB its docs recommend) and its int workspace
+# (the size its wrappers allocate), one of each shared by every wrapper of the engine;
 FLASHINFER_WORKSPACE_BYTES = 256 * MIB
+FLASHINFER_INT_WORKSPACE_BYTES = 8 * MIB
+# the CUDA context of the process (kernels load lazily: torch's, cuBLAS's, flashinfer's);
+CUDA_CONTEXT_BYTES = 512 * MIB
+# cuBLAS and cuBLASLt workspaces torch allocates for the engine's stream (32 MiB each on
+# Hopper).
+CUBLAS_WORKSPACE_BYTES = 64 * MIB
+# With CUDA graphs, on top of the largest graph's intermediates: torch's rounding of the
+# pool into 2 and 20 MiB segments, and every graph's own index buffers.
+GRAPH_SLACK_BYTES = 64 * MIB
 
 
-def reserve_bytes(cfg: ModelConfig, device: str, max_batch_tokens: int) -> int:
-    """Memory a model needs beyond weights and KV cache, for one step of `max_batch_tokens`.
+def activation_bytes(cfg: ModelConfig, tokens: int, rows: int) -> int:
+    """Live intermediates of one forward of `tokens` tokens with `rows` logits rows.
 
-    Activations per token in flight: the residual stream and its normed, attention
-    and projection copies (~4 x hidden), the MLP's gate and up outputs
-    (2 x intermediate) and the logits (vocab). All are counted at 4 bytes: logits
-    are float32, and for bf16 activations the factor 2 covers temporaries.
-    Layers run one after another, so one layer's worth is live at a time.
-    On CUDA add flashinfer's workspace; a CPU engine has none.
+    Per token: the residual stream and its normed, attention and projection copies
+    (~4 x hidden) and the MLP's gate and up outputs (2 x intermediate), counted at 4 bytes
+    (for bf16 activations the factor 2 covers temporaries); layers run one after another,
+    so one layer's worth is live at a time. Per logits row: the vocabulary in float32.
     """
-    per_token = 4 * cfg.hidden_size + 2 * cfg.intermediate_size + cfg.vocab_size
-    total = max_batch_tokens * per_token * 4
+    per_token = 4 * cfg.hidden_size + 2 * cfg.intermediate_size
+    return (tokens * per_token + rows * cfg.vocab_size) * 4
+
+
+def reserve_bytes(
+    cfg: ModelConfig,
+    device: str,
+    max_batch_tokens: int,
+    graph: tuple[int, int] = (0, 0),
+    kv_bytes_per_page: int = 0,
+) -> int:
+    """Memory a model needs beyond weights and KV cache.
+
+    An eager step of `max_batch_tokens` (each may yield logits). On CUDA also the
+    flashinfer workspaces, the CUDA context and cuBLAS's workspaces, and with CUDA graphs
+    their memory: the graphs run one at a time and share one pool, which holds the largest
+    one's intermediates, `graph` = (its tokens, its logits rows), and write into one set
+    of output buffers (float32 logits of as many rows); plus the scratch page that padded
+    rows write to (`kv_bytes_per_page`) and GRAPH_SLACK_BYTES. A CPU engine has none.
+    """
+    total = activation_bytes(cfg, max_batch_tokens, max_batch_tokens)
     if device.startswith("cuda"):
-        total += FLASHINFER_WORKSPACE_BYTES
+        total += FLASHINFER_WORKSPACE_BYTES + FLASHINFER_INT_WORKSPACE_BYTES
+        total += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
+        if graph[0]:
+            tokens, rows = graph
+            total += activation_bytes(cfg, tokens, rows) + rows * cfg.vocab_size * 4
+            total += kv_bytes_per_page + GRAPH_SLACK_BYTES
     return total
 
 
@@ -56,15 +89,22 @@ class ModelMem:
 
 
 def model_mem(
-    name: str, ckpt: Checkpoint, dtype: str, device: str, max_batch_tokens: int
+    name: str,
+    ckpt: Checkpoint,
+    dtype: str,
+    device: str,
+    max_batch_tokens: int,
+    graph: tuple[int, int] = (0, 0),
+    page_size: int = 16,
 ) -> ModelMem:
-    """What `ckpt`, served in `dtype` on `device`, needs."""
+    """What `ckpt`, served in `dtype` on `device`, needs; `graph` as in `reserve_bytes`."""
+    kv = ckpt.config.kv_bytes_per_token(dtype)
     return ModelMem(
         name=name,
         device=device,
         weight_bytes=ckpt.weight_bytes(dtype),
-        kv_bytes_per_token=ckpt.config.kv_bytes_per_token(dtype),
-        reserve_bytes=reserve_bytes(ckpt.config, device, max_batch_tokens),
+        kv_bytes_per_token=kv,
+        reserve_bytes=reserve_bytes(ckpt.config, device, max_batch_tokens, graph, kv * page_size),
     )
 
 

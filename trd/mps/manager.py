@@ -6,6 +6,9 @@ mode 0700, so only our own engines can reach it:
     runtime_dir/mps/pipe/  control, control_privileged (sockets), control_lock, log
     runtime_dir/mps/log/   control.log, server.log
 
+The daemon is given the GPU by UUID (CUDA_VISIBLE_DEVICES), as NVIDIA's MPS docs advise:
+its server renumbers the devices it sees, so an index could name another GPU.
+
 The real binary writes no pid file. Its pid comes from the `control` socket
 itself (SO_PEERCRED): that finds a daemon left by a crashed earlier instance
 even when it hangs, and a socket file whose daemon is gone refuses the connection.
@@ -75,20 +78,12 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 class MpsManager:
     """One MPS control daemon whose pipe and log directories are under `runtime_dir`."""
 
-    def __init__(
-        self,
-        runtime_dir: Path,
-        binary: str = MPS_CONTROL,
-        active_thread_percentage: dict[str, int] | None = None,
-    ) -> None:
+    def __init__(self, runtime_dir: Path, binary: str = MPS_CONTROL, gpu_uuid: str = "") -> None:
         self.root = Path(runtime_dir) / "mps"
         self.pipe_dir = self.root / "pipe"
         self.log_dir = self.root / "log"
         self.binary = binary
-        self.active_thread_percentage = dict(active_thread_percentage or {})
-        for model, pct in self.active_thread_percentage.items():
-            if not 1 <= pct <= 100:
-                raise ValueError(f"active thread percentage for {model!r} must be 1..100: {pct}")
+        self.gpu_uuid = gpu_uuid
         # The daemon cannot bind a longer socket path and fails without saying why.
         longest = self.pipe_dir / "control_privileged"
         if len(os.fsencode(longest)) > MAX_SOCKET_PATH:
@@ -103,18 +98,17 @@ class MpsManager:
         return daemon_pid(self.pipe_dir)
 
     def _env(self) -> dict[str, str]:
+        env = self.engine_env()
+        if self.gpu_uuid:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu_uuid
+        return env
+
+    def engine_env(self) -> dict[str, str]:
+        """Environment variables an engine process needs to run under this daemon."""
         return {
             "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir),
             "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir),
         }
-
-    def engine_env(self, model_name: str) -> dict[str, str]:
-        """Environment variables an engine process needs to run under this daemon."""
-        env = self._env()
-        if model_name in self.active_thread_percentage:
-            pct = self.active_thread_percentage[model_name]
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(pct)
-        return env
 
     def query(self, command: str) -> str:
         """Send one control command (e.g. "get_server_list") to our daemon; its answer."""

@@ -7,8 +7,10 @@ hidden states, sampled candidates) and returns one `Route` per request:
     Route(dst=j, commit=True)    keep the candidate, model j makes the next position
     Route(dst=j, commit=False)   drop the candidate, model j regenerates this position
 
-Decisions are computed as tensor ops over the batch; only the destination indices and
-commit flags reach Python. Deduplication of peer messages is the engine's job (by
+Decisions are computed as tensor ops over the batch: a policy may return them as a
+`RouteBatch` of device tensors, which the engine copies to the host together with the
+sampled tokens, in the step's one copy; a policy that decides in Python returns a list.
+Deduplication of peer messages is the engine's job (by
 `handoff_seq`), never a policy's, so a policy cannot break exactly-once delivery.
 
 A policy that carries per-request state across a handoff (a step-level router's mode,
@@ -46,6 +48,26 @@ class Route:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteBatch:
+    """Routes of a batch as tensors on the logits' device, not yet copied to the host."""
+
+    dst: torch.Tensor  # (B,) long
+    commit: torch.Tensor  # (B,) bool
+
+
+Routes = Sequence[Route] | RouteBatch
+
+
+def host_routes(routes: Routes) -> list[Route]:
+    """Routes as a list; a `RouteBatch` costs a device->host copy (the engine avoids this
+    path: it copies a batch's routes together with its tokens)."""
+    if not isinstance(routes, RouteBatch):
+        return list(routes)
+    both = torch.stack([routes.dst.long(), routes.commit.long()]).tolist()
+    return [Route(d, bool(c)) for d, c in zip(*both, strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyContext:
     model: int  # index of the model this engine runs (0 = entry/small)
     num_models: int
@@ -62,7 +84,7 @@ class StepView:
 
     logits: torch.Tensor  # (B, V)
     hidden: torch.Tensor  # (B, H)
-    tokens: list[int]  # sampled candidates
+    tokens: torch.Tensor  # (B,) sampled candidates, on the logits' device
 
     def row(self, i: int) -> StepView:
         return StepView(self.logits[i : i + 1], self.hidden[i : i + 1], self.tokens[i : i + 1])
@@ -75,7 +97,7 @@ class RoutingPolicy(ABC):
         self.ctx = ctx
 
     @abstractmethod
-    def route(self, reqs: Sequence[RequestView], step: StepView) -> list[Route]:
+    def route(self, reqs: Sequence[RequestView], step: StepView) -> Routes:
         """One route per request, in batch order."""
 
     def send(self, req: RequestView, dst: int) -> bytes:

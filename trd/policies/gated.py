@@ -15,7 +15,15 @@ from pathlib import Path
 
 import torch
 
-from trd.policies.base import PolicyContext, RequestView, Route, RoutingPolicy, StepView
+from trd.policies.base import (
+    PolicyContext,
+    RequestView,
+    Route,
+    RouteBatch,
+    Routes,
+    RoutingPolicy,
+    StepView,
+)
 from trd.policies.heads import load_head
 from trd.policies.params import GatedParams
 
@@ -51,11 +59,11 @@ class GatedPolicy(RoutingPolicy):
             self.head = self.head.to(x.dtype, x.device)
         return self.head(x)
 
-    def route(self, reqs: Sequence[RequestView], step: StepView) -> list[Route]:
+    def route(self, reqs: Sequence[RequestView], step: StepView) -> Routes:
         if self.ctx.model != 0:
             return [Route(0, True) for _ in reqs]  # the large model makes one token, returns
-        up = self.escalate(self.scores(step)).tolist()
-        return [Route(self.ctx.last, False) if u else Route(0, True) for u in up]
+        up = self.escalate(self.scores(step))
+        return RouteBatch(torch.where(up, self.ctx.last, 0), ~up)
 
 
 class CiterPolicy(GatedPolicy):
@@ -74,7 +82,7 @@ class R2RPolicy(GatedPolicy):
 
     def features(self, step: StepView) -> torch.Tensor:
         assert self.head is not None
-        tokens = torch.tensor(step.tokens, device=step.hidden.device)
+        tokens = step.tokens.to(step.hidden.device)
         top = torch.topk(step.logits, self.head.top_k, dim=-1).values
         emb = self.ctx.embed(tokens).to(step.hidden.dtype)
         return torch.cat([step.hidden, emb, top.to(step.hidden.dtype)], dim=-1)

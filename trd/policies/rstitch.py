@@ -17,7 +17,7 @@ import torch
 from trd.policies.base import (
     PolicyContext,
     RequestView,
-    Route,
+    RouteBatch,
     RoutingPolicy,
     StepView,
     normalized_entropy,
@@ -32,7 +32,7 @@ class RStitchPolicy(RoutingPolicy):
         super().__init__(ctx)
         self.tau = params.threshold
 
-    def route(self, reqs: Sequence[RequestView], step: StepView) -> list[Route]:
+    def route(self, reqs: Sequence[RequestView], step: StepView) -> RouteBatch:
         m, last = self.ctx.model, self.ctx.last
         h = normalized_entropy(step.logits)
         unsure = h > self.tau
@@ -42,4 +42,4 @@ class RStitchPolicy(RoutingPolicy):
         if m > 0:
             dst = torch.where(~unsure, 0, dst)
         commit = ~unsure if m < last else torch.ones_like(unsure)
-        return [Route(d, c) for d, c in zip(dst.tolist(), commit.tolist(), strict=True)]
+        return RouteBatch(dst, commit)

@@ -3,6 +3,10 @@
     probe devices (NVML; none = CPU) -> decide MPS -> joint memory plan -> one EngineSpec
     per model, its KV pages from the plan
 
+A GPU is handed to the engines (and to the MPS server) by UUID in CUDA_VISIBLE_DEVICES,
+so each engine sees it alone as `cuda:0`: NVML numbers GPUs in PCI bus order, CUDA
+fastest first, and an MPS server renumbers the devices it was given.
+
 Nothing here starts a process, so `tokenrouterd --check` runs it to print the plan.
 """
 
@@ -13,7 +17,8 @@ from dataclasses import dataclass, replace
 
 from trd import devices
 from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError
-from trd.engines.spec import EngineSpec
+from trd.engines.buckets import graph_shapes
+from trd.engines.spec import EngineSettings, EngineSpec
 from trd.memplan.plan import MemoryPlan, ModelMem, device_budget, model_mem, plan_memory
 from trd.mps.manager import MPS_CONTROL
 from trd.mps.resolve import resolve_mps
@@ -21,7 +26,8 @@ from trd.mps.resolve import resolve_mps
 
 @dataclass(frozen=True)
 class Deployment:
-    device: str  # "cpu" or "cuda:N"
+    device: str  # "cpu" or "cuda:N" (N: NVML's index)
+    gpu_uuid: str  # the GPU's UUID, "" on CPU
     use_mps: bool
     mps_reason: str  # why MPS is off, for `trctl status`
     plan: MemoryPlan
@@ -40,6 +46,21 @@ def resolve_device(setting: str, gpus: list[devices.GpuInfo]) -> str:
         found = [g.index for g in gpus]
         raise ConfigError(f"device: {setting!r}: NVML reports no such GPU (found: {found})")
     return f"cuda:{index}"
+
+
+def graph_reserve(settings: EngineSettings, device: str) -> tuple[int, int]:
+    """(tokens, logits rows) of the largest CUDA graph an engine captures; (0, 0): none."""
+    if device == "cpu" or not settings.cuda_graphs:
+        return (0, 0)
+    shapes = graph_shapes(settings.graph_batches(), settings.graph_extend_lens)
+    return max(s.tokens for s in shapes), max(s.batch for s in shapes)
+
+
+def engine_env(gpu: devices.GpuInfo | None) -> dict[str, str]:
+    """What an engine process needs to see `gpu` alone, as cuda:0."""
+    if gpu is None:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _budget(cfg: Config, device: str, mems: list[ModelMem]) -> int:
@@ -62,13 +83,23 @@ def plan_deployment(cfg: Config) -> Deployment:
     use_mps, mps_reason = resolve_mps(
         cfg.mps, gpus if device != "cpu" else [], shutil.which(MPS_CONTROL)
     )
+    graph = graph_reserve(cfg.engine, device)
     mems = [
-        model_mem(m.name, m.checkpoint, m.dtype, device, cfg.engine.max_batch_tokens)
+        model_mem(
+            m.name,
+            m.checkpoint,
+            m.dtype,
+            device,
+            cfg.engine.max_batch_tokens,
+            graph,
+            cfg.engine.page_size,
+        )
         for m in cfg.models
     ]
     plan = plan_memory(
         mems, {device: _budget(cfg, device, mems)}, cfg.engine.page_size, cfg.max_model_len
     )
+    gpu = next((g for g in gpus if f"cuda:{g.index}" == device), None)
     specs = tuple(
         EngineSpec(
             index=i,
@@ -76,7 +107,7 @@ def plan_deployment(cfg: Config) -> Deployment:
             checkpoint=m.checkpoint,
             kv_pages=mp.pages,
             dtype=m.dtype,
-            device=device,
+            device="cpu" if gpu is None else "cuda:0",
             num_models=len(cfg.models),
             max_model_len=cfg.max_model_len,
             policy=cfg.policy,
@@ -84,7 +115,8 @@ def plan_deployment(cfg: Config) -> Deployment:
             threads=cfg.threads(),
             thresholds=cfg.thresholds.get(m.name, (1,)),
             batching=cfg.batching,
+            env=engine_env(gpu),
         )
         for i, (m, mp) in enumerate(zip(cfg.models, plan.models, strict=True))
     )
-    return Deployment(device, use_mps, mps_reason, plan, specs)
+    return Deployment(device, gpu.uuid if gpu else "", use_mps, mps_reason, plan, specs)

@@ -1,85 +1,146 @@
 """Attention over the paged KV layout with flashinfer kernels (the CUDA backend).
 
-Pure-decode steps use `BatchDecodeWithPagedKVCacheWrapper`; steps with any extend use
-`BatchPrefillWithPagedKVCacheWrapper` (causal; queries sit at the end of each KV
-sequence). Both are planned once per step and run once per layer. New K/V are
-scattered into the pages with the same flat-slot indexing as the torch backend.
+Pure-decode steps use `BatchDecodeWithPagedKVCacheWrapper` with tensor cores (it runs
+the prefill kernels, which take any query/KV head ratio: without them decode supports
+only ratios 1, 2, 3, 4, 6, 8); steps with any extend use the causal
+`BatchPrefillWithPagedKVCacheWrapper`. Both pin flashinfer's FA2 backend: "auto" picks
+FA3 on Hopper, which older releases do not support for every head size.
+
+Planning wants host int32 arrays: flashinfer reads indptr and lengths on the host, so
+device tensors would cost a blocking copy back each step. The arrays are staged in
+pinned memory so the uploads are asynchronous (torch keeps a pinned block alive until
+its copy has run).
+
+A backend built for a `GraphShape` is a CUDA-graph backend: its wrapper keeps the index
+arrays in fixed device buffers sized for that shape, so a captured graph reads each
+step's plan from the same addresses. Every backend of one engine shares one float and
+one int workspace; plans never overlap because one step runs at a time.
 """
 
 from __future__ import annotations
 
-import flashinfer
+from typing import Any
+
 import numpy as np
 import torch
 
 from trd.engines.attention.base import AttentionBackend, BatchLayout, slot_indices
-from trd.memplan.plan import FLASHINFER_WORKSPACE_BYTES
+from trd.engines.buckets import GraphShape
+from trd.memplan.plan import FLASHINFER_INT_WORKSPACE_BYTES, FLASHINFER_WORKSPACE_BYTES
+
+FLASHINFER_BACKEND = "fa2"
+INSTALL_HINT = "install flashinfer (pip install 'tokenrouterd[gpu]', the flashinfer-python package)"
+
+
+def import_flashinfer() -> Any:
+    try:
+        import flashinfer
+    except ImportError as exc:
+        raise ImportError(f"engine.attention: flashinfer: cannot import it ({exc}); "
+                          f"{INSTALL_HINT}, or set engine.attention: torch") from None  # fmt: skip
+    return flashinfer
+
+
+def plan_arrays(layout: BatchLayout) -> dict[str, np.ndarray]:
+    """flashinfer's paged-KV description of a step (int32) and the KV slot of each new token.
+
+    kv_indptr[i]..kv_indptr[i+1] index row i's used pages in kv_indices; last_page_len
+    is how many slots of its last page are used, so kv_len = start + new tokens.
+    """
+    ps = layout.page_size
+    kv_lens = [s + n for s, n in zip(layout.kv_starts, layout.q_lens, strict=True)]
+    used = [-(-total // ps) for total in kv_lens]
+    tables = zip(layout.page_tables, used, strict=True)
+    spans = zip(layout.page_tables, layout.kv_starts, layout.q_lens, strict=True)
+    return {
+        "qo_indptr": np.concatenate([[0], np.cumsum(layout.q_lens)]).astype(np.int32),
+        "kv_indptr": np.concatenate([[0], np.cumsum(used)]).astype(np.int32),
+        "kv_indices": np.concatenate([np.asarray(t[:u], dtype=np.int32) for t, u in tables]),
+        "last_page_len": np.asarray(
+            [total - (u - 1) * ps for total, u in zip(kv_lens, used, strict=True)], np.int32
+        ),
+        "write_slots": np.concatenate([slot_indices(t, s, s + n, ps) for t, s, n in spans]),
+    }
+
+
+def _pinned(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a).pin_memory()
 
 
 class FlashInferPagedAttention(AttentionBackend):
     def __init__(
-        self, device: torch.device, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+        self,
+        device: torch.device,
+        dims: tuple[int, int, int],
+        dtype: torch.dtype,
+        graph: GraphShape | None = None,
+        max_pages: int = 0,
+        share: FlashInferPagedAttention | None = None,
     ) -> None:
-        self.device = device
-        self._dims = (heads, kv_heads, head_dim, dtype)
-        workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-        self._wrapper: (
-            flashinfer.BatchDecodeWithPagedKVCacheWrapper
-            | flashinfer.BatchPrefillWithPagedKVCacheWrapper
-            | None
-        ) = None
-        self._write_slots = torch.empty(0, dtype=torch.long, device=device)
+        fi = import_flashinfer()
+        self.device, self.graph = device, graph
+        self._dims, self._dtype = dims, dtype
+        if share is None:  # zeroed, as flashinfer asks for the workspace's first use
+            ws = (FLASHINFER_WORKSPACE_BYTES, FLASHINFER_INT_WORKSPACE_BYTES)
+            self.float_ws, self.int_ws = (
+                torch.zeros(n, dtype=torch.uint8, device=device) for n in ws
+            )
+        else:
+            self.float_ws, self.int_ws = share.float_ws, share.int_ws
+        fixed: dict[str, Any] = {}
+        if graph is not None:  # the index arrays' fixed homes, sized for the shape
+            fixed = {
+                "use_cuda_graph": True,
+                "paged_kv_indptr": torch.zeros(graph.rows + 1, dtype=torch.int32, device=device),
+                "paged_kv_indices": torch.zeros(max_pages, dtype=torch.int32, device=device),
+                "paged_kv_last_page_len": torch.zeros(graph.rows, dtype=torch.int32, device=device),
+            }
+            self._write_slots = torch.zeros(graph.tokens, dtype=torch.long, device=device)
+        self._decode = self._prefill = None
+        if graph is None or graph.is_decode:
+            self._decode = fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.float_ws, "NHD", use_tensor_cores=True, backend=FLASHINFER_BACKEND,
+                **{k if k == "use_cuda_graph" else f"{k}_buffer": v for k, v in fixed.items()},
+            )  # fmt: skip
+        if graph is None or not graph.is_decode:
+            if fixed:
+                fixed["qo_indptr"] = torch.zeros_like(fixed["paged_kv_indptr"])
+            self._prefill = fi.BatchPrefillWithPagedKVCacheWrapper(
+                self.float_ws, "NHD", backend=FLASHINFER_BACKEND,
+                **{k if k == "use_cuda_graph" else f"{k}_buf": v for k, v in fixed.items()},
+            )  # fmt: skip
+        for wrapper in (self._decode, self._prefill):
+            if wrapper is not None:
+                wrapper.reset_workspace_buffer(self.float_ws, self.int_ws)
 
     def plan(self, layout: BatchLayout) -> None:
-        heads, kv_heads, head_dim, dtype = self._dims
-        ps = layout.page_size
-        kv_lens = [s + n for s, n in zip(layout.kv_starts, layout.q_lens, strict=True)]
-        used = [-(-total // ps) for total in kv_lens]
-        indices = np.concatenate(
-            [
-                np.asarray(t[:u], dtype=np.int32)
-                for t, u in zip(layout.page_tables, used, strict=True)
-            ]
-        )
-        indptr = np.concatenate([[0], np.cumsum(used)]).astype(np.int32)
-        last = np.asarray([total - (u - 1) * ps for total, u in zip(kv_lens, used, strict=True)])
-        slots = [
-            slot_indices(t, s, s + n, ps)
-            for t, s, n in zip(layout.page_tables, layout.kv_starts, layout.q_lens, strict=True)
-        ]
-        self._write_slots = torch.from_numpy(np.concatenate(slots)).to(self.device)
-        kv_args = (
-            torch.from_numpy(indptr).to(self.device),
-            torch.from_numpy(indices).to(self.device),
-            torch.from_numpy(last.astype(np.int32)).to(self.device),
-        )
-        if all(n == 1 for n in layout.q_lens):
-            self._decode.plan(
-                *kv_args, heads, kv_heads, head_dim, ps, q_data_type=dtype, kv_data_type=dtype
-            )
-            self._wrapper = self._decode
+        heads, kv_heads, head_dim = self._dims
+        a = plan_arrays(layout)
+        indptr, last = _pinned(a["kv_indptr"]), _pinned(a["last_page_len"])
+        indices = _pinned(a["kv_indices"])
+        if self.graph is None:
+            self._write_slots = _pinned(a["write_slots"]).to(self.device, non_blocking=True)
+        else:  # fixed buffers; a host `indices` would be copied with a blocking copy
+            self._write_slots.copy_(_pinned(a["write_slots"]), non_blocking=True)
+            indices = indices.to(self.device, non_blocking=True)
+        kv = (indptr, indices, last)
+        types = {"q_data_type": self._dtype, "kv_data_type": self._dtype}
+        if self._decode is not None and all(n == 1 for n in layout.q_lens):
+            self._decode.plan(*kv, heads, kv_heads, head_dim, layout.page_size, **types)
+            self._run = self._decode.run
         else:
-            qo = np.concatenate([[0], np.cumsum(layout.q_lens)]).astype(np.int32)
+            assert self._prefill is not None, f"an extend step planned on graph {self.graph}"
+            qo = _pinned(a["qo_indptr"])
             self._prefill.plan(
-                torch.from_numpy(qo).to(self.device),
-                *kv_args,
-                heads,
-                kv_heads,
-                head_dim,
-                ps,
-                causal=True,
-                q_data_type=dtype,
-                kv_data_type=dtype,
+                qo, *kv, heads, kv_heads, head_dim, layout.page_size, causal=True, **types
             )
-            self._wrapper = self._prefill
+            self._run = self._prefill.run
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
     ) -> torch.Tensor:
-        assert self._wrapper is not None, "plan() must run before attend()"
         kvh, d = k.shape[1], k.shape[2]
         kv_cache[0].view(-1, kvh, d).index_copy_(0, self._write_slots, k)
         kv_cache[1].view(-1, kvh, d).index_copy_(0, self._write_slots, v)
-        return self._wrapper.run(q.contiguous(), (kv_cache[0], kv_cache[1]))
+        out: torch.Tensor = self._run(q.contiguous(), (kv_cache[0], kv_cache[1]))
+        return out

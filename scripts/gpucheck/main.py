@@ -1,0 +1,111 @@
+"""Every GPU check in one run; scripts/gpu_check.sh says how to run it on the device.
+
+    python -m gpucheck.main OUT_DIR
+
+Each step is a process of its own (a crash or a hang costs that step only) with a time
+limit inside one overall budget (GPU_CHECK_BUDGET_S, default 460 s); steps the budget no
+longer allows are reported as not run. Writes OUT_DIR/gpu_check.json (every result),
+OUT_DIR/summary.txt (a page) and OUT_DIR/log.txt (every step's output).
+
+Exit status: 0 every check passed; 1 a check failed or did not run; 3 no CUDA device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpucheck.common import WORK, dump, log
+from gpucheck.summary import summary
+
+REPO = Path(__file__).resolve().parents[2]
+NO_DEVICE = 3
+
+
+class Runner:
+    def __init__(self, out: Path, budget_s: float) -> None:
+        self.out, self.deadline = out, time.monotonic() + budget_s
+        self.results: dict[str, Any] = {}
+        self.logf: TextIO = (out / "log.txt").open("a", buffering=1)
+
+    def start(self, name: str, argv: list[str]) -> tuple[str, subprocess.Popen[bytes], float]:
+        log(f"step {name}: start")
+        self.logf.write(f"\n===== {name}: {' '.join(argv)}\n")
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=self.logf, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        return name, proc, time.monotonic()
+
+    def finish(self, step: tuple[str, subprocess.Popen[bytes], float], limit_s: float) -> None:
+        name, proc, began = step
+        wait = min(limit_s - (time.monotonic() - began), self.deadline - time.monotonic())
+        try:
+            code: int | str = proc.wait(timeout=max(wait, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = f"stopped after {time.monotonic() - began:.0f} s (time limit)"
+        path = WORK / f"{name}.json"  # a step that writes none passes by its exit status
+        if code == 0:
+            result = json.loads(path.read_text()) if path.exists() else {"ok": True}
+        else:
+            result = {"ok": False, "error": f"exit {code} (see log.txt)"}
+        result["seconds"] = round(time.monotonic() - began, 1)
+        self.results[name] = result
+        log(f"step {name}: {'PASS' if result.get('ok') else 'FAIL'} in {result['seconds']} s")
+        self.save()
+
+    def step(self, name: str, argv: list[str], limit_s: float) -> None:
+        if self.deadline - time.monotonic() < 20:
+            self.results[name] = {"ok": False, "error": "not run: out of time"}
+            log(f"step {name}: NOT RUN (out of time)")
+            return
+        self.finish(self.start(name, argv), limit_s)
+
+    def save(self) -> None:
+        dump(self.out / "gpu_check.json", self.results)
+        (self.out / "summary.txt").write_text(summary(self.results))
+
+
+def module(name: str) -> list[str]:
+    return [sys.executable, "-m", f"gpucheck.{name}", str(WORK / f"{name}.json")]
+
+
+def main() -> int:
+    out = Path(sys.argv[1]).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    for stale in WORK.glob("*.json"):
+        stale.unlink()
+    run = Runner(out, float(os.environ.get("GPU_CHECK_BUDGET_S", "460")))
+    run.step("versions", module("versions"), 60)
+    if not run.results["versions"].get("cuda_available"):
+        run.results["status"] = "no CUDA device: nothing was checked"
+        run.save()
+        log("no CUDA device: nothing to check (summary in OUT/summary.txt)")
+        return NO_DEVICE
+    fixtures = os.environ["GPU_CHECK_FIXTURES"]
+    # Kernel compilation (attention) is CPU work, the checkpoints GPU and disk work: overlap.
+    shaped = run.start("checkpoints", [sys.executable, "scripts/make_shaped_checkpoints.py",
+                                       str(WORK / "shaped"), "--device", "cuda"])  # fmt: skip
+    attention = run.start("attention", module("attention"))
+    run.finish(attention, 300)
+    run.finish(shaped, 240)
+    run.step("engines", [*module("engines"), fixtures], 200)
+    run.step("mps", module("mps"), 150)
+    run.step("throughput", module("throughput"), 200)
+    run.step("pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "tests/test_flashinfer.py"], 120)  # fmt: skip
+    run.save()
+    failed = [k for k, v in run.results.items() if isinstance(v, dict) and not v.get("ok")]
+    log(f"done: {'ALL PASS' if not failed else 'FAILED: ' + ', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

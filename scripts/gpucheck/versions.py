@@ -1,0 +1,56 @@
+"""Versions and the device: torch, CUDA, nvcc, flashinfer, driver, compute capability.
+
+python -m gpucheck.versions OUT.json
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from typing import Any
+
+import torch
+
+from gpucheck.common import dump
+from gpucheck.mps import find_control
+
+
+def command(*args: str) -> str:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+    return (done.stdout or done.stderr).strip()
+
+
+def versions() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(), "kernel": platform.release(),
+        "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "nvcc": command("nvcc", "--version").splitlines()[-1:],
+        "nvidia_smi": command("nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"),
+        "mps_control": str(find_control()),
+    }  # fmt: skip
+    try:
+        import flashinfer
+
+        info["flashinfer"] = flashinfer.__version__
+    except ImportError as exc:
+        info["flashinfer"] = f"not importable: {exc}"
+    if info["cuda_available"]:
+        info["device"] = torch.cuda.get_device_name(0)
+        info["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    return info
+
+
+def main() -> None:
+    info = versions()
+    ok = info["cuda_available"] and not str(info["flashinfer"]).startswith("not")
+    dump(sys.argv[1], {"ok": ok, **info})
+
+
+if __name__ == "__main__":
+    main()

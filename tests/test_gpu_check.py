@@ -1,0 +1,79 @@
+"""The GPU check's own parts, on CPU: the script stops cleanly without a device, the
+attention harness tells a right backend from a wrong one, the routed-pair driver gives
+the tokens the shaped weights make, padded or not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gpucheck.attention
+import pytest
+import torch
+from gpucheck.attention import CASES, HEADS, check_all
+from gpucheck.routing import SCHEDULE, Pair, expected_tokens, jobs
+from gpucheck.summary import summary
+from make_shaped_checkpoints import Shape, write_checkpoint
+
+from trd.engines.attention.torch_paged import TorchPagedAttention
+from trd.engines.graphs import StepGraphs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_the_check_stops_cleanly_without_a_cuda_device(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WORK": str(tmp_path / "work")}
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "no CUDA device" in done.stderr
+    text = (tmp_path / "out" / "summary.txt").read_text()
+    assert text.startswith("GPU check: no CUDA device: nothing was checked")
+    results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert results["versions"]["torch"] == torch.__version__
+
+
+def test_the_attention_harness_passes_a_right_backend_and_fails_a_wrong_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = check_all("torch", torch.float64, "cpu")
+    assert len(rows) == len(CASES) * len(HEADS) and all(r["ok"] for r in rows)
+    assert max(r["out_err"] for r in rows) < 1e-5  # float64 vs its float32 copy
+
+    class OffByOne(TorchPagedAttention):  # writes each new token's K/V one row off
+        def attend(self, q, k, v, kv_cache):  # type: ignore[no-untyped-def]
+            return super().attend(q, k.roll(1, 0), v.roll(1, 0), kv_cache)
+
+    monkeypatch.setattr(gpucheck.attention, "make_backend", lambda *a: OffByOne(a[1]))
+    rows = check_all("torch", torch.float32, "cpu")
+    assert not any(r["ok"] for r in rows)
+    assert "<-- FAIL" in summary({"attention": {"ok": False, "cases": rows}})
+
+
+@pytest.fixture(scope="module")
+def mini_pair(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The shaped pair's construction (tied repeats, untied adds one) at a tiny size."""
+    root = tmp_path_factory.mktemp("shaped")
+    return [write_checkpoint(Shape(f"mini-{t}", 64, 128, 2, 4, 2, tied=t, head_dim=16,
+                                   vocab=4096), root) for t in (True, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_routed_pair_writes_the_designed_tokens(mini_pair: list[Path], padded: bool) -> None:
+    pair = Pair(mini_pair, SCHEDULE, kv_tokens=8192, max_batch_size=16)
+    if padded:  # the CUDA-graph path without the capture
+        for node in pair.nodes:
+            runner = node.engine.runner
+            runner.graphs = StepGraphs(runner, node.engine.spec.settings, capture=False)
+    gens = pair.run(jobs())
+    assert [g.tokens for g in gens] == [expected_tokens(p, sp.max_tokens, SCHEDULE)
+                                        for p, sp in jobs()]  # fmt: skip
+    # Every position class: the first token from the large model, the last from each.
+    assert all(g.models[0] == 1 for g in gens)
+    assert {g.models[-1] for g in gens} == {0, 1}
+    if padded:
+        assert all(n.engine.runner.graphs.used.total() > 5 for n in pair.nodes)
