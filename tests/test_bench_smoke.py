@@ -186,7 +186,10 @@ def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
         assert (tmp_path / f"bench_{png}.png").stat().st_size > 1000
     assert [n for n, _ in series_vs_n(result["runs"])["official"]] == [1]  # measured N only
 
+    assert "## Second table: pair `tiny`" in md
     other = copy.deepcopy(result)
+    chat = run_of(other, FULL, "short", 1)
+    chat.update(source="chat", prompt_tokens_mean=61.4)
     other["machine"]["gpu"] = "NVIDIA H200"
     other["plan"]["repeats"] = 3
     for r in other["runs"]:
@@ -194,4 +197,5 @@ def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
     md2 = render(other, tmp_path / "other.md")
     assert "GPU NVIDIA H200 present, not used" in md2 and "no GPU" not in md2
     assert "ran 3 time(s)" in md2
+    assert f"| {FULL} | short (chat ~61->{chat['max_tokens']}) | 1 |" in md2
     assert "repeats differed" in md and "repeats differed" not in md2
