@@ -1,10 +1,11 @@
 """Benchmark tokenrouterd against the baselines a user would pick instead -> JSON.
 
-Systems, all on the same fixture models (small + large, float32), the same R-Stitch
-threshold and the same greedy requests:
+Systems, all on the same pair (small + large, float32), the same R-Stitch threshold
+and the same greedy requests (EOS ignored):
 
     tokenrouterd          the daemon, delayed-batching thresholds from its Markov model
-    official              research-code loop: HF models, own KV caches, one request at a time
+    official              research-code loop: HF models, own KV caches, one request at a
+                          time; run on every prompt, its outputs are the reference
     std                   one standard server per model + a token-by-token HTTP dispatcher;
                           the servers keep a prefix cache (as vLLM and SGLang do)
     std_nocache           the same, stateless servers: every call re-prefills its context
@@ -13,11 +14,14 @@ threshold and the same greedy requests:
     step_sync             tokenrouterd with a global barrier between engine steps
     forced_delay          tokenrouterd with the large model's threshold forced to 4 at N >= 8
 
-Each system's outputs are compared with tokenrouterd's on the same prompts (identical
-text is required for greedy decoding). The whole report:
+Every request of every system is compared, by its token ids and the model that produced
+each, with the official loop's output for the same prompt. Pairs: `--pair demo` (the
+real pair, chat prompts; the report's main table) or `--pair tiny` (the fixtures; the
+quicker second table). The report:
 
-    .venv/bin/python scripts/bench.py --out bench_results/all.json
-    .venv/bin/python scripts/bench_report.py bench_results/all.json
+    .venv/bin/python scripts/bench.py --pair demo --out bench_results/demo.json
+    .venv/bin/python scripts/bench.py --pair tiny --out bench_results/tiny.json
+    .venv/bin/python scripts/bench_report.py bench_results/demo.json --tiny bench_results/tiny.json
 """
 
 from __future__ import annotations
@@ -26,37 +30,35 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trd.tinymodels.build import ensure_models
-
+from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
 from benchkit.runner import Bench
-from benchkit.workloads import WORKLOADS
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--plan", choices=sorted(PLANS), default="full")
-    ap.add_argument("--tau", type=float, default=0.8, help="R-Stitch entropy threshold")
+    ap.add_argument("--pair", choices=PAIRS, default="demo")
+    ap.add_argument("--tau", type=float, help="R-Stitch entropy threshold (default: the pair's)")
     ap.add_argument("--cache-dir", type=Path, help="fixture model cache (default: ~/.cache)")
     ap.add_argument("--out", type=Path, default=Path("bench_results/all.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)  # the engines under test need the other cores
-    models = ensure_models(args.cache_dir, names=("small", "large"))
+    pair = load_pair(args.pair, args.cache_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    logs = args.out.parent / "logs"
+    logs = args.out.parent / f"logs-{args.pair}"
     logs.mkdir(exist_ok=True)
-    bench = Bench(PLANS[args.plan], models, args.tau, logs)
+    tau = DEFAULT_TAU[args.pair] if args.tau is None else args.tau
+    bench = Bench(PLANS[args.plan], pair, tau, logs)
     result: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "plan": args.plan,
-        "tau": args.tau,
-        "workloads": {k: asdict(w) for k, w in WORKLOADS.items()},
+        "plan_name": args.plan,
+        "tau": tau,
         **asyncio.run(bench.run_all()),
     }
     args.out.write_text(json.dumps(result, indent=1))

@@ -1,145 +1,201 @@
-"""Smoke runs of the benchmark pieces at a tiny size: they run, and they agree.
+"""The benchmark kit end to end at a tiny size, and checks its numbers cannot flatter us.
 
-The load client against a real daemon, the research-code baseline and the standard-
-serving dispatcher producing the daemon's exact greedy outputs, and the report
-generator on a synthetic result. Sizes are tiny: this checks the scripts, it times
-nothing.
+One run of `scripts/bench.py --plan smoke --pair tiny` (every system of the plan on the
+fixture pair: the official loop as reference, the daemon with its runs and ceilings,
+standard serving), then:
+- every request of every system was compared with the reference, and the reference
+  itself agrees with the oracle (`trd/reference.py`) computed here;
+- the engines' counters agree exactly with the producers the API returned (tokens,
+  dropped candidates, handoffs), and the ceiling bounds the measured throughput;
+- a changed output, a run on other prompts or at another large-token share, a
+  throughput above its bound: each turns its target row from met to missed / not
+  comparable, with the reason;
+- the report is generated from the run: change the run, the text changes.
+Timings of a run this small mean nothing; nothing here checks a speed.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
+import copy
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from bench_report import render
-from tokenizers import Tokenizer
 
+from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
+from trd.reference import ReferenceRouter
 
-from baselines.dispatcher import Dispatcher
-from baselines.official import OfficialRouter
-from benchkit.client import OpenAIClient, Record, closed_loop
-from benchkit.summary import summarize
-from benchkit.systems import start_std_server
-from benchkit.workloads import Workload, prompts
-from daemon_fixture import Daemon, start_daemon, write_config
+from benchkit.identity import digest_ids, digest_output, identity
+from benchkit.pairs import load_pair
+from benchkit.plan import PLANS
+from benchkit.plots import series_vs_n
+from benchkit.runner import Bench
+from benchkit.targets import FULL, Row, target_rows
 
-TAU = 0.8
-MAX_TOKENS = 12
-WORKLOAD = Workload("tiny", prompt_tokens=20, max_tokens=MAX_TOKENS, seed=1)
-
-
-@pytest.fixture(scope="module")
-def daemon(
-    tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Daemon]:
-    tmp = tmp_path_factory.mktemp("bench")
-    policy = {"name": "rstitch", "threshold": TAU}
-    d = start_daemon(write_config(tmp, tiny_models, ["small", "large"], policy=policy))
-    yield d
-    d.stop()
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CACHE_DIR = REPO_ROOT / ".cache"  # the fixtures' cache (tests/conftest.py)
+Data = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def jobs(tiny_models: dict[str, Path]) -> list[list[int]]:
-    return prompts(tiny_models["small"], WORKLOAD, 3)
+def result(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Data:
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    argv = ["--plan", "smoke", "--pair", "tiny", "--cache-dir", str(CACHE_DIR), "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts/bench.py"), *argv], capture_output=True,
+        text=True, timeout=400, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    data: Data = json.loads(out.read_text())
+    return data
 
 
-async def daemon_records(
-    daemon: Daemon, jobs: list[list[int]], n: int
-) -> tuple[list[Record], float]:
-    async with aiohttp.ClientSession() as session:
-        client = OpenAIClient(session, daemon.url, daemon.model)
-        return await closed_loop(client.send, jobs, MAX_TOKENS, n)
+def run_of(data: Data, system: str, workload: str, n: int) -> Data:
+    key = (system, workload, n)
+    found = [r for r in data["runs"] if (r["system"], r["workload"], r["n"]) == key]
+    assert len(found) == 1, (system, workload, n)
+    return found[0]
 
 
-def test_load_client_records_every_request(daemon: Daemon, jobs: list[list[int]]) -> None:
-    records, wall = asyncio.run(daemon_records(daemon, jobs, n=2))
-    assert len(records) == len(jobs)
-    for r in records:
-        assert r.output_tokens == MAX_TOKENS  # EOS ignored: every request runs to max
-        assert sum(r.tokens_per_model.values()) == MAX_TOKENS
-        assert 0 < r.ttft <= r.latency and r.text
-    s = summarize(records, wall)
-    assert s["output_tokens"] == len(jobs) * MAX_TOKENS
-    assert s["throughput"] == pytest.approx(s["output_tokens"] / wall)
-    assert s["ttft_p50"] <= s["ttft_p99"] and 0 <= s["large_fraction"] <= 1
+def rows_of(data: Data) -> dict[str, Row]:
+    top = max(data["plan"]["ns"])
+    rows = target_rows(data["runs"], identity(data["runs"], data["reference"]), top)
+    return {r.name.split(",")[0]: r for r in rows}
 
 
-def test_baselines_reproduce_the_daemons_outputs(
-    daemon: Daemon, jobs: list[list[int]], tiny_models: dict[str, Path], tmp_path: Path
-) -> None:
-    served, _ = asyncio.run(daemon_records(daemon, jobs[:2], n=2))
-    tok = Tokenizer.from_file(str(tiny_models["small"] / "tokenizer.json"))
-    official = OfficialRouter(
-        [tiny_models["small"], tiny_models["large"]], "rstitch", {"threshold": TAU}
-    )
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = [official.generate(p, params) for p in jobs[:2]]
-    assert [tok.decode(o.tokens) for o in outs] == [r.text for r in served]
-    assert [o.models.count(1) for o in outs] == [r.tokens_per_model["large"] for r in served]
-
-    servers = [start_std_server(f"std_{m}", tiny_models[m], tmp_path) for m in ("small", "large")]
-    try:
-
-        async def dispatch() -> list[Record]:
-            async with aiohttp.ClientSession() as session:
-                disp = Dispatcher(session, [s.url for s in servers], ["small", "large"], TAU, tok)
-                return (await closed_loop(disp.send, jobs[:2], MAX_TOKENS, 2))[0]
-
-        std = asyncio.run(dispatch())
-    finally:
-        for s in servers:
-            s.stop()
-    assert [r.text for r in std] == [r.text for r in served]
-    assert [r.tokens_per_model for r in std] == [r.tokens_per_model for r in served]
+def test_every_request_of_every_system_is_compared(result: Data) -> None:
+    plan = PLANS["smoke"]
+    systems = {r["system"] for r in result["runs"]}
+    assert systems == {"official", "tokenrouterd", "no_delayed_batching", "forced_delay", "std"}
+    ident = identity(result["runs"], result["reference"])
+    served = [r for r in result["runs"] if not r.get("reference")]
+    for entry, run in zip(ident, served, strict=True):
+        repeats = len(run["throughputs"])
+        assert entry["compared"] == run["requests"] * repeats, entry
+        assert entry["identical"] == entry["compared"] and entry["no_reference"] == 0, entry
+    # The kept run and the other repeat at the largest N were both checked.
+    top = run_of(result, "tokenrouterd", "short", max(plan.ns))
+    assert len(top["throughputs"]) == plan.repeats == 1 + len(top["other_repeats"])
 
 
-def synthetic_run(system: str, workload: str, n: int, tok_s: float, **extra: Any) -> dict[str, Any]:
-    stats = {f"{k}_p{q}": 0.01 for k in ("ttft", "tpot", "latency") for q in (50, 90, 99)}
-    return {
-        "system": system, "workload": workload, "prompt_tokens": 100, "max_tokens": 256,
-        "n": n, "requests": 4, "throughput": tok_s, "large_fraction": 0.3,
-        "handoffs_per_request": 5.0, **stats, **extra,
-    }  # fmt: skip
+def test_the_reference_agrees_with_the_oracle(result: Data, tiny_models: dict[str, Path]) -> None:
+    """The official loop's outputs (the reference) are recomputed by the oracle: full
+    recomputation, no cache, the same policy: same ids and the same producing models."""
+    bench = Bench(PLANS["smoke"], load_pair("tiny", CACHE_DIR), result["tau"], Path("."))
+    w = bench.workload("long", max(PLANS["smoke"].lengths))
+    prompt = bench.prompts(w, 1)[0]
+    policy = PolicySpec("rstitch", {"threshold": result["tau"]})
+    oracle = ReferenceRouter([tiny_models["small"], tiny_models["large"]], policy, "float32")
+    for length in PLANS["smoke"].lengths:
+        trace = oracle.run(prompt, SamplingParams(max_tokens=length, ignore_eos=True))
+        names = [("small", "large")[m] for m in trace.models]
+        assert result["reference"][digest_ids(prompt)][str(length)] == digest_output(
+            trace.tokens, names
+        )
+    assert 0 < result["runs"][0]["large_fraction"] < 1  # both models write: routing is tested
 
 
-def test_report_renders_targets_tables_and_plots(tmp_path: Path) -> None:
-    ceiling = {"ceiling_throughput": 1000.0, "models": {
-        "small": {"batch_size_mean": 8.0, "step_ms_mean": 2.0},
-        "large": {"batch_size_mean": 4.0, "step_ms_mean": 3.0}}}  # fmt: skip
-    runs = [
-        synthetic_run("official", "short", 1, 50.0),
-        synthetic_run("tokenrouterd", "short", 1, 100.0),
-        synthetic_run("tokenrouterd", "short", 16, 800.0, ceiling=ceiling),
-        synthetic_run("tokenrouterd", "long@256", 16, 800.0),
-        {**synthetic_run("tokenrouterd", "long@2048", 16, 760.0), "max_tokens": 2048},
-        synthetic_run("std", "short", 16, 200.0),
-        synthetic_run("std", "long@256", 16, 100.0),
-        synthetic_run("no_delayed_batching", "short", 16, 600.0),
-        synthetic_run("no_pending_kv", "short", 16, 900.0),
-    ]
-    data = {
-        "machine": {"cores": 2, "cpu": "x86_64", "python": "3.11", "torch": "2", "date": "now"},
-        "total_s": 60.0, "command": "bench.py", "tau": TAU, "thresholds": {}, "runs": runs,
-        "identity": [{"system": "std", "workload": "short", "compared": 4, "identical": 3}],
-        "notes": [],
-    }  # fmt: skip
-    md = render(data, tmp_path / "benchmarks.md")
-    assert "| tokenrouterd / official, N=16 | >= 10x | 16.00x | yes |" in md
-    assert "| tokenrouterd / std, 256 output tokens, N=16 | >= 5x | 8.00x | yes |" in md
-    assert "| throughput at 2048 / at 256 output tokens | >= 90% | 95% | yes |" in md
-    assert "| no_pending_kv / tokenrouterd, N=16 | < 1.00x | 1.12x | NO |" in md
-    assert "| step_sync / tokenrouterd, N=16 | < 1.00x | not run | NO |" in md
-    assert "| tokenrouterd / forward-only ceiling, N=16 | >= 70% | 80% | yes |" in md
-    assert "| all | 3/4 | NO |" in md
-    for png in (
-        "bench_throughput_vs_n.png",
-        "bench_throughput_vs_length.png",
-        "bench_ablations.png",
-    ):
-        assert (tmp_path / png).stat().st_size > 1000
+def test_engine_counters_agree_with_the_producers_served(result: Data) -> None:
+    for run in result["runs"]:
+        c = run.get("ceiling")
+        if c is None:
+            continue
+        assert c["valid"], c.get("invalid")
+        small, large = c["models"]["small"], c["models"]["large"]
+        prods = [r["producers"] for r in run["records"]]
+        # R-Stitch: each escalation drops the small model's candidate and hands off; the
+        # large model keeps every token it makes and hands back after a sure one. A hand
+        # back the small model escalates again at once (a bounce) shows no small token.
+        up, down = large["handoffs_in"], small["handoffs_in"]
+        assert (small["dropped_rows"], large["dropped_rows"]) == (up, 0), run["workload"]
+        assert up - down == sum(p.endswith("1") for p in prods)  # ended on the large model
+        seen_up = sum(p.startswith("1") + p.count("01") for p in prods)
+        seen_down = sum(p.count("10") for p in prods)
+        assert up - seen_up == down - seen_down >= 0  # bounces count once each way
+        assert c["handoff"]["count"] == up + down == c["handoff"]["sampled"]
+        for name, m in c["models"].items():
+            digit = str(["small", "large"].index(name))  # producers are indices in pair order
+            assert m["rows"] == m["committed"] + m["dropped_rows"], name
+            assert m["committed"] == sum(p.count(digit) for p in prods), name
+            assert 0 < m["forward_s"] <= run["wall_s"], name  # an engine's forwards fit the run
+        assert c["bound"]["kind"] == "parallel"
+        assert c["bound_s"] == max(small["forward_s"], large["forward_s"])
+        assert 0 < c["fraction"] <= 1 and c["ceiling_throughput"] >= run["throughput"]
+
+
+def test_targets_are_judged_like_for_like(result: Data) -> None:
+    top = max(PLANS["smoke"].ns)
+    official, full = run_of(result, "official", "short", 1), run_of(result, FULL, "short", top)
+    assert official["prompt_set"] == full["prompt_set"]  # the loop ran the same prompts
+    rows = rows_of(result)
+    assert rows[f"tokenrouterd N={top} / official"].verdict in {"met", "missed"}
+    assert rows["every request identical to the reference"].verdict == "met"
+
+    shifted = copy.deepcopy(result)
+    run_of(shifted, "official", "short", 1)["large_fraction"] += 0.03
+    row = rows_of(shifted)[f"tokenrouterd N={top} / official"]
+    assert row.verdict == "not comparable" and "large-token share" in row.why
+
+    fewer = copy.deepcopy(result)
+    run_of(fewer, "official", "short", 1)["prompt_set"] = "other"
+    assert "different prompts" in rows_of(fewer)[f"tokenrouterd N={top} / official"].why
+
+
+def test_a_changed_output_fails_its_rows(result: Data) -> None:
+    top = max(PLANS["smoke"].ns)
+    changed = copy.deepcopy(result)
+    run = run_of(changed, "tokenrouterd", "short", top)
+    run["records"][0]["output"], run["records"][0]["diverges_at"] = "0" * 16, 3
+    checked = run["requests"] * len(run["throughputs"])  # every repeat's requests
+    rows = rows_of(changed)
+    for name in (f"tokenrouterd N={top} / official", "throughput / forward-only ceiling",
+                 "no_delayed_batching / tokenrouterd"):  # fmt: skip
+        assert rows[name].verdict == "missed", name
+        says = f"1 of {checked} requests differ from the reference, first at token 3"
+        assert says in rows[name].why, rows[name].why
+    assert rows["every request identical to the reference"].verdict == "missed"
+
+    unreferenced = copy.deepcopy(result)
+    unreferenced["reference"].pop(run_of(result, "std", "short", 1)["records"][0]["prompt"])
+    assert rows_of(unreferenced)["every request identical to the reference"].verdict == "missed"
+
+
+def test_a_throughput_above_its_bound_is_not_comparable(result: Data) -> None:
+    over = copy.deepcopy(result)
+    c = run_of(over, "tokenrouterd", "short", max(PLANS["smoke"].ns))["ceiling"]
+    c["fraction"] = 1.3
+    row = rows_of(over)["throughput / forward-only ceiling"]
+    assert row.verdict == "not comparable" and "above the parallel bound" in row.why
+    c["handoff"].update(count=5000, sampled=4096)
+    assert "the latest 4096 of 5000 handoffs" in rows_of(over)["median handoff latency"].why
+
+
+def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
+    md = render(result, tmp_path / "benchmarks.md", tiny=result)
+    for row in rows_of(result).values():
+        assert row.markdown() in md
+    assert md.count("| every request identical to the reference | all |") == 2  # main + tiny
+    assert "no GPU" in md and "ran 2 time(s)" in md
+    for png in ("throughput_vs_n", "efficiency_vs_length", "ablations"):
+        assert (tmp_path / f"bench_{png}.png").stat().st_size > 1000
+    assert [n for n, _ in series_vs_n(result["runs"])["official"]] == [1]  # measured N only
+
+    assert "## Second table: pair `tiny`" in md
+    other = copy.deepcopy(result)
+    chat = run_of(other, FULL, "short", 1)
+    chat.update(source="chat", prompt_tokens_mean=61.4)
+    other["machine"]["gpu"] = "NVIDIA H200"
+    other["plan"]["repeats"] = 3
+    for r in other["runs"]:
+        r["throughputs"] = [r["throughput"]]
+    md2 = render(other, tmp_path / "other.md")
+    assert "GPU NVIDIA H200 present, not used" in md2 and "no GPU" not in md2
+    assert "ran 3 time(s)" in md2
+    assert f"| {FULL} | short (chat ~61->{chat['max_tokens']}) | 1 |" in md2
+    assert "repeats differed" in md and "repeats differed" not in md2

@@ -10,7 +10,6 @@ server's /profile must account for the calls it served.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,6 @@ MAX_TOKENS = 24
 MODELS = ("small", "large")
 
 
-class TokenIds:
-    """Stands in for the tokenizer so a record's text is its exact token ids."""
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return " ".join(map(str, ids))
-
-
 async def serve_and_dispatch(
     models: dict[str, Path], prefix_cache: bool, jobs: list[list[int]]
 ) -> tuple[list[Record], dict[str, Any]]:
@@ -56,7 +48,7 @@ async def serve_and_dispatch(
         urls.append(f"http://127.0.0.1:{port}")
     try:
         async with aiohttp.ClientSession() as session:
-            disp = Dispatcher(session, urls, list(MODELS), TAU, TokenIds())  # type: ignore
+            disp = Dispatcher(session, urls, list(MODELS), TAU)
             records, _ = await closed_loop(disp.send, jobs, MAX_TOKENS, n=len(jobs))
             profiles = {}
             for m, url in zip(MODELS, urls, strict=True):
@@ -75,9 +67,9 @@ def test_cached_servers_reproduce_stateless_tokens_and_profile_calls(
     jobs = prompts(tiny_models["small"], Workload("t", 45, MAX_TOKENS, seed=4), 3)
     cached, prof_c = asyncio.run(serve_and_dispatch(tiny_models, True, jobs))
     plain, prof_p = asyncio.run(serve_and_dispatch(tiny_models, False, jobs))
-    assert [r.text for r in cached] == [r.text for r in plain]
-    assert all(len(r.text.split()) == MAX_TOKENS for r in cached)
-    assert [r.tokens_per_model for r in cached] == [r.tokens_per_model for r in plain]
+    assert [r.token_ids for r in cached] == [r.token_ids for r in plain]
+    assert all(len(r.token_ids) == MAX_TOKENS for r in cached)
+    assert [r.models for r in cached] == [r.models for r in plain]
     assert [r.handoffs for r in cached] == [r.handoffs for r in plain]
     assert sum(r.handoffs for r in cached) > 0  # both servers served calls
 

@@ -17,11 +17,9 @@ all of it (`std_nocache`).
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import aiohttp
-from tokenizers import Tokenizer
 
 from benchkit.client import Record
 
@@ -33,10 +31,8 @@ class Dispatcher:
         urls: list[str],
         names: list[str],
         tau: float,
-        tokenizer: Tokenizer,
     ) -> None:
         self.session, self.urls, self.names, self.tau = session, urls, names, tau
-        self.tokenizer = tokenizer
 
     async def _next(self, model: int, seq: list[int]) -> tuple[int, float]:
         async with self.session.post(f"{self.urls[model]}/generate", json={"prompt": seq}) as r:
@@ -45,7 +41,8 @@ class Dispatcher:
 
     async def send(self, prompt: list[int], max_tokens: int) -> Record:
         start = time.perf_counter()
-        seq, models, cur, ttft = list(prompt), [], 0, 0.0
+        seq, cur, ttft = list(prompt), 0, 0.0
+        models: list[int] = []  # producer of each output token
         while len(models) < max_tokens:
             token, h = await self._next(cur, seq)
             unsure = h > self.tau
@@ -57,11 +54,5 @@ class Dispatcher:
             ttft = ttft or time.perf_counter() - start
             if cur == 1 and not unsure:
                 cur = 0
-        return Record(
-            ttft=ttft,
-            latency=time.perf_counter() - start,
-            output_tokens=len(models),
-            tokens_per_model={n: models.count(i) for i, n in enumerate(self.names)},
-            handoffs=sum(a != b for a, b in itertools.pairwise(models)),
-            text=self.tokenizer.decode(seq[len(prompt) :], skip_special_tokens=True),
-        )
+        names = [self.names[m] for m in models]
+        return Record(prompt, ttft, time.perf_counter() - start, seq[len(prompt) :], names)

@@ -1,11 +1,17 @@
 """What a benchmark run measures, at two sizes: `full` (the report) and `smoke` (tests).
 
-Sizes are chosen so `full` runs in well under 20 minutes on a 2-core CPU host: every
-system runs the short workload at each N; the output-length sweep, the agent workload
-and the ablations run at the largest N only; the research-code loop runs a few
-requests, since it serves one request at a time whatever N is. Standard serving runs
-twice, with its servers' prefix cache (`std`) and stateless (`std_nocache`), on the
-short workload at each N and at `std_length` output tokens at the largest N.
+Every system runs the short workload at each N; the output-length sweep, the agent
+workload (tiny pair) and the ablations run at the largest N only. The official-style
+loop serves one request at a time whatever N is, so it runs at N=1, but on EVERY prompt
+the other systems serve (each at the longest length it is served with): its outputs
+are the reference every request is compared with, and its throughput is measured on
+the same prompts as the runs it is compared to. Standard serving runs with its
+servers' prefix cache (`std`) and stateless (`std_nocache`), on the short workload at
+each N and at `std_length` output tokens at the largest N.
+
+`smoke` runs every path at a tiny size; it leaves out the separate ablation daemons and
+std_nocache (the same code as tokenrouterd and std with one setting changed, which the
+engine's and the standard server's own tests cover). Its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ class Plan:
     min_requests: int
     lengths: tuple[int, ...]  # max output lengths swept at the largest N
     std_length: int  # output length of the standard-serving comparison at the largest N
-    official_requests: int
     agent_requests: int
-    repeats: int  # runs of each short-workload comparison at the largest N; the best counts
-    scale: float = 1.0  # multiplies every workload's prompt and output lengths
+    repeats: int  # runs of each short-workload daemon comparison at the largest N
+    ablation_daemons: bool  # start the no_pending_kv / step_sync daemons
+    std_systems: tuple[str, ...]  # standard serving: "std" (prefix cache), "std_nocache"
+    scale: float = 1.0  # multiplies every corpus workload's prompt and output lengths
 
     def requests(self, n: int) -> int:
         return max(self.min_requests, self.rounds * n)
@@ -34,11 +41,11 @@ class Plan:
 
 PLANS = {
     "full": Plan(
-        ns=(1, 4, 16), rounds=2, min_requests=4, lengths=(256, 512, 1024, 2048),
-        std_length=512, official_requests=4, agent_requests=16, repeats=2,
+        ns=(1, 4, 16), rounds=2, min_requests=4, lengths=(256, 512, 2048), std_length=512,
+        agent_requests=16, repeats=2, ablation_daemons=True, std_systems=("std", "std_nocache"),
     ),
     "smoke": Plan(
-        ns=(1, 2), rounds=1, min_requests=2, lengths=(8, 16), std_length=8,
-        official_requests=2, agent_requests=2, repeats=1, scale=1 / 32,
+        ns=(1, 2), rounds=1, min_requests=2, lengths=(8, 16), std_length=8, agent_requests=2,
+        repeats=2, ablation_daemons=False, std_systems=("std",), scale=1 / 32,
     ),
 }  # fmt: skip

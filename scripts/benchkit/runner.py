@@ -1,39 +1,49 @@
 """Runs every system on every workload of a plan and collects the results.
 
-    official -> tokenrouterd (thresholds all 1, then the Markov recommendation)
-             -> ablation daemons -> standard serving (std: prefix cache, std_nocache: none)
-    each run: closed loop at N, records, summary; for daemons the forward ceiling, for
-    standard servers the per-phase profile of each server (`baselines/phases.py`)
+    official  the reference: every prompt any system serves, at the longest length it
+              is served with (`identity.py`)
+    tokenrouterd  thresholds all 1 (= no_delayed_batching), then the Markov model's
+              recommendation: the N sweep, the length sweep, agent; then forced_delay
+    ablation daemons (full plan), standard serving (std: prefix cache, std_nocache: none)
 
-Outputs of every system are checked against tokenrouterd's on the same prompts.
+Each run: a closed loop at N; every record's output (ids + producers) is compared with
+the reference as it comes in; a summary; daemons add the forward ceiling from their
+engines' counters (`ceiling.py`), standard servers the per-phase profile of each server.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import itertools
 import os
 import platform
 import time
-from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import torch
-from tokenizers import Tokenizer
 
 from trd.protocol import SamplingParams
 
 from baselines.dispatcher import Dispatcher
 from baselines.official import OfficialRouter
 from baselines.phases import delta
+from benchkit.ceiling import bound_kind, ceiling
 from benchkit.client import OpenAIClient, Record, Send, closed_loop
+from benchkit.identity import Reference, identity
+from benchkit.pairs import Pair
 from benchkit.plan import Plan
-from benchkit.summary import ceiling, summarize
-from benchkit.systems import Daemon, Server, daemon_config, start_daemon, start_std_server
-from benchkit.workloads import WORKLOADS, Workload, prompts
+from benchkit.summary import summarize
+from benchkit.systems import (
+    DTYPE,
+    THREADS,
+    Daemon,
+    Server,
+    daemon_config,
+    start_daemon,
+    start_std_servers,
+)
+from benchkit.workloads import Workload, prompts
 
 MODEL = "small+large"
 FORCED_DELAY = [1, 1, 1, 2, 2, 2, 2, 4]  # the large model's B by active requests (8+: 4)
@@ -42,87 +52,94 @@ ABLATIONS = {"no_pending_kv": {"pending_kv": False}, "step_sync": {"step_sync": 
 
 
 def machine() -> dict[str, Any]:
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
+        "gpu": gpu,  # present or not, every system here runs on the CPU (`device: cpu`)
         "python": platform.python_version(),
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
 
-def digest(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
 class Bench:
-    def __init__(self, plan: Plan, models: dict[str, Path], tau: float, logs: Path) -> None:
-        self.plan, self.models, self.tau, self.logs = plan, models, tau, logs
-        self.tokenizer = Tokenizer.from_file(str(models["small"] / "tokenizer.json"))
+    def __init__(self, plan: Plan, pair: Pair, tau: float, logs: Path) -> None:
+        self.plan, self.pair, self.tau, self.logs = plan, pair, tau, logs
+        self.models, self.names = pair.models, list(pair.models)
+        self.reference = Reference()
         self.runs: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.thresholds: dict[str, list[int]] = {}
         self.recommendation: dict[str, Any] = {}  # the Markov model's full answer
+        self._prompts: dict[tuple[Any, ...], list[list[int]]] = {}
+        self.bound = bound_kind("cpu", os.cpu_count() or 1, len(self.models), THREADS)
+        # Room for the longest request of any run, N of them at once.
+        longest = max(len(p) for w, c in self.reference_jobs() for p in self.prompts(w, c))
+        longest += max(w.max_tokens for w, _ in self.reference_jobs())
+        self.context = longest + 16
+        self.kv_tokens = self.top_n * self.context
 
     # -- workloads -------------------------------------------------------------------
-    def workload(self, name: str, max_tokens: int | None = None) -> Workload:
-        w = WORKLOADS[name]
-        w = Workload(
-            w.name, self.plan.tokens(w.prompt_tokens), self.plan.tokens(w.max_tokens), w.seed
-        )
-        return w if max_tokens is None else w.with_max_tokens(max_tokens)
-
-    def prompts(self, w: Workload, count: int) -> list[list[int]]:
-        return prompts(self.models["small"], w, count)
-
     @property
     def top_n(self) -> int:
         return max(self.plan.ns)
 
+    def workload(self, name: str, max_tokens: int | None = None) -> Workload:
+        w = self.pair.workloads[name]
+        scaled = self.plan.tokens(w.prompt_tokens) if w.prompt_tokens else 0
+        w = replace(w, prompt_tokens=scaled, max_tokens=self.plan.tokens(w.max_tokens))
+        return w if max_tokens is None else w.with_max_tokens(max_tokens)
+
+    def prompts(self, w: Workload, count: int) -> list[list[int]]:
+        key = (w.source, w.prompt_tokens, w.seed)
+        if len(self._prompts.get(key, [])) < count:
+            self._prompts[key] = prompts(self.models["small"], w, count)
+        return self._prompts[key][:count]
+
+    def reference_jobs(self) -> list[tuple[Workload, int]]:
+        """Every prompt list the plan serves, at the longest length it is served with."""
+        jobs = [(self.workload("short"), self.plan.requests(self.top_n))]
+        longest = max((*self.plan.lengths, self.plan.std_length), default=0)
+        jobs.append((self.workload("long", longest), self.top_n))
+        if "agent" in self.pair.workloads:
+            jobs.append((self.workload("agent"), self.plan.agent_requests))
+        return jobs
+
     # -- one run ---------------------------------------------------------------------
     async def measure(
-        self,
-        system: str,
-        send: Send,
-        w: Workload,
-        n: int,
-        count: int,
-        daemon: Daemon | None,
-        repeats: int = 1,
-        std: dict[str, Server] | None = None,
-    ) -> dict[str, Any]:
-        """Run `repeats` times and keep the fastest: the host is shared, noise only slows."""
-        runs = [
-            await self._measure_once(system, send, w, n, count, daemon, std) for _ in range(repeats)
-        ]
+        self, system: str, send: Send, w: Workload, n: int, count: int, *,
+        daemon: Daemon | None = None, repeats: int = 1, std: dict[str, Server] | None = None,
+        reference: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Run `repeats` times and keep the fastest (the host is shared: noise only slows);
+        every repeat's outputs are kept for the identity check."""
+        runs = [await self._measure_once(system, send, w, n, count, daemon, std, reference)
+                for _ in range(repeats)]  # fmt: skip
         best = max(runs, key=lambda r: r["throughput"])
         best["throughputs"] = [r["throughput"] for r in runs]
+        best["other_repeats"] = [r["records"] for r in runs if r is not best]
         self.runs.append(best)
         return best
 
     async def _measure_once(
-        self,
-        system: str,
-        send: Send,
-        w: Workload,
-        n: int,
-        count: int,
-        daemon: Daemon | None,
-        std: dict[str, Server] | None,
-    ) -> dict[str, Any]:
-        """One closed-loop run; daemons add the forward ceiling, std servers their profile."""
+        self, system: str, send: Send, w: Workload, n: int, count: int,
+        daemon: Daemon | None, std: dict[str, Server] | None, reference: bool,
+    ) -> dict[str, Any]:  # fmt: skip
         jobs = self.prompts(w, count)
-        before = daemon.admin_get("/stats/raw") if daemon else None
+        before = daemon.fresh_stats(time.time()) if daemon else None
         profiles = {m: s.get("/profile") for m, s in (std or {}).items()}
         records, wall = await closed_loop(send, jobs, w.max_tokens, n, f"{system} {w.name} N={n}")
         run = {
-            "system": system, "workload": w.name, "prompt_tokens": w.prompt_tokens,
-            "max_tokens": w.max_tokens, "n": n, **summarize(records, wall),
-            "records": [{**r.to_dict(), "text": digest(r.text)} for r in records],
+            "system": system, "workload": w.name, "source": w.source, "max_tokens": w.max_tokens,
+            "n": n, **summarize(records, wall),
+            "records": [self._record(r, reference) for r in records],
         }  # fmt: skip
+        if reference:
+            run["reference"] = True
         if daemon and before is not None:
-            await asyncio.sleep(1.2)  # engines publish Stats every 0.5 s
-            run["ceiling"] = ceiling(before, daemon.admin_get("/stats/raw"), records)
+            after = daemon.fresh_stats(time.time())
+            run["ceiling"] = ceiling(before, after, records, wall, self.bound)
         if std:
             run["profile"] = {m: delta(profiles[m], s.get("/profile")) for m, s in std.items()}
         print(
@@ -132,144 +149,130 @@ class Bench:
         )
         return run
 
+    def _record(self, r: Record, reference: bool) -> dict[str, Any]:
+        if reference:
+            self.reference.add(r.prompt, r.token_ids, r.models)
+            return r.to_dict(self.names)
+        diverges = self.reference.divergence(r.prompt, r.token_ids, r.models)
+        return {**r.to_dict(self.names), "diverges_at": diverges}
+
     # -- systems ---------------------------------------------------------------------
     async def run_all(self) -> dict[str, Any]:
         started = time.perf_counter()
         await self.run_official()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             await self.run_tokenrouterd(session)
-            for name, switch in ABLATIONS.items():
-                await self.run_ablation(session, name, switch)
-            for system, prefix_cache in STD.items():
-                await self.run_std(session, system, prefix_cache)
+            if self.plan.ablation_daemons:
+                for name, switch in ABLATIONS.items():
+                    await self.run_ablation(session, name, switch)
+            for system in self.plan.std_systems:
+                await self.run_std(session, system, STD[system])
+        table = self.reference.table()
         return {
-            "machine": machine(),
-            "total_s": time.perf_counter() - started,
-            "thresholds": self.thresholds,
-            "recommendation": self.recommendation,
-            "runs": self.runs,
-            "identity": self.identity(),
-            "notes": self.notes,
-        }
+            "machine": machine(), "pair": self.pair.describe(), "dtype": DTYPE,
+            "threads": THREADS, "bound": self.bound, "plan": asdict(self.plan),
+            "total_s": time.perf_counter() - started, "thresholds": self.thresholds,
+            "recommendation": self.recommendation, "runs": self.runs, "reference": table,
+            "identity": identity(self.runs, table), "notes": self.notes,
+        }  # fmt: skip
 
     async def run_official(self) -> None:
-        router = OfficialRouter(
-            [self.models["small"], self.models["large"]], "rstitch", {"threshold": self.tau}
-        )
+        paths = [self.models[m] for m in self.names]
+        router = OfficialRouter(paths, "rstitch", {"threshold": self.tau}, DTYPE)
 
         async def send(prompt: list[int], max_tokens: int) -> Record:
             out = router.generate(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-            return Record(
-                out.ttft, out.latency, len(out.tokens),
-                {"small": out.models.count(0), "large": out.models.count(1)},
-                sum(a != b for a, b in itertools.pairwise(out.models)),
-                self.tokenizer.decode(out.tokens, skip_special_tokens=True),
-            )  # fmt: skip
+            models = [self.names[m] for m in out.models]
+            return Record(prompt, out.ttft, out.latency, out.tokens, models)
 
-        # One request at a time whatever N is: its throughput does not depend on N.
-        w, count = self.workload("short"), self.plan.official_requests
-        await self.measure("official", send, w, 1, count, None, self.plan.repeats)
+        # One request at a time whatever N is: it runs at N=1, on every prompt.
+        for w, count in self.reference_jobs():
+            await self.measure("official", send, w, 1, count, reference=True)
 
-    async def _daemon_runs(self, session: aiohttp.ClientSession, name: str, d: Daemon) -> None:
-        send = OpenAIClient(session, d.server.url, MODEL).send
-        n = self.top_n
-        w, count = self.workload("short"), self.plan.requests(n)
-        await self.measure(name, send, w, n, count, d, self.plan.repeats)
+    def _daemon(self, name: str, engine: dict[str, Any]) -> Daemon:
+        cfg = daemon_config(self.models, self.tau, engine, self.kv_tokens, self.context)
+        if self.thresholds and name != "tokenrouterd":
+            cfg["batching"] = {"thresholds": self.thresholds}
+        return start_daemon(name, cfg, self.logs)
+
+    async def _warmup(self, send: Send) -> None:
+        await closed_loop(send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
+
+    async def _top_short(self, name: str, send: Send, d: Daemon) -> None:
+        n, w = self.top_n, self.workload("short")
+        await self.measure(name, send, w, n, self.plan.requests(n), daemon=d,
+                           repeats=self.plan.repeats)  # fmt: skip
 
     async def run_tokenrouterd(self, session: aiohttp.ClientSession) -> None:
-        cfg = daemon_config(self.models, self.tau, {})
-        d = start_daemon("tokenrouterd", cfg, self.logs)
+        d = self._daemon("tokenrouterd", {})
         send = OpenAIClient(session, d.server.url, MODEL).send
         try:
-            await closed_loop(send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
+            await self._warmup(send)
             # Thresholds all 1 first: that is the no-delayed-batching ablation, and it
             # gives the live figures the Markov model recommends thresholds from.
-            await self._daemon_runs(session, "no_delayed_batching", d)
-            await asyncio.sleep(1.2)
-            try:
-                rec = d.admin_get("/thresholds/recommend")
-                self.thresholds, self.recommendation = rec["models"], rec
-                d.admin_post("/thresholds", {"thresholds": self.thresholds})
-            except OSError as exc:
-                self.notes.append(f"no threshold recommendation ({exc}); thresholds stay at 1")
-            if self.thresholds and all(b == 1 for t in self.thresholds.values() for b in t):
-                self.notes.append(
-                    "The Markov model recommended every threshold at 1 from the live figures, "
-                    "so no_delayed_batching ran the full system's configuration: their gap is "
-                    "run-to-run noise."
-                )
+            await self._top_short("no_delayed_batching", send, d)
+            self.recommend(d)
             w = self.workload("short")
             for n in self.plan.ns:
                 repeats = self.plan.repeats if n == self.top_n else 1
-                await self.measure("tokenrouterd", send, w, n, self.plan.requests(n), d, repeats)
+                await self.measure("tokenrouterd", send, w, n, self.plan.requests(n), daemon=d,
+                                   repeats=repeats)  # fmt: skip
             for length in self.plan.lengths:
                 w = self.workload("long", length)
-                await self.measure("tokenrouterd", send, w, self.top_n, self.top_n, d)
-            agent = self.workload("agent")
-            await self.measure("tokenrouterd", send, agent, self.top_n, self.plan.agent_requests, d)
+                await self.measure("tokenrouterd", send, w, self.top_n, self.top_n, daemon=d)
+            if "agent" in self.pair.workloads:
+                w, count = self.workload("agent"), self.plan.agent_requests
+                await self.measure("tokenrouterd", send, w, self.top_n, count, daemon=d)
             # Delayed batching forced on, whatever the model says: does waiting pay here?
             d.admin_post("/thresholds", {"thresholds": {"large": FORCED_DELAY}})
-            await self._daemon_runs(session, "forced_delay", d)
+            await self._top_short("forced_delay", send, d)
         finally:
             d.server.stop()
+
+    def recommend(self, d: Daemon) -> None:
+        """Apply the Markov model's thresholds from the live figures (the runs so far)."""
+        try:
+            rec = d.admin_get("/thresholds/recommend")
+            self.thresholds, self.recommendation = rec["models"], rec
+            d.admin_post("/thresholds", {"thresholds": self.thresholds})
+        except OSError as exc:
+            self.notes.append(f"no threshold recommendation ({exc}); thresholds stay at 1")
+        if self.thresholds and all(b == 1 for t in self.thresholds.values() for b in t):
+            self.notes.append(
+                "The Markov model recommended every threshold at 1 from the live figures, "
+                "so no_delayed_batching ran the full system's configuration: their gap is "
+                "run-to-run noise."
+            )
 
     async def run_ablation(
         self, session: aiohttp.ClientSession, name: str, switch: dict[str, Any]
     ) -> None:
-        cfg = daemon_config(self.models, self.tau, switch)
-        if self.thresholds:
-            cfg["batching"] = {"thresholds": self.thresholds}
         try:
-            d = start_daemon(name, cfg, self.logs)
+            d = self._daemon(name, switch)
         except RuntimeError as exc:
             self.notes.append(f"{name}: daemon did not start: {str(exc)[-300:]}")
             return
         try:
             send = OpenAIClient(session, d.server.url, MODEL).send
-            await closed_loop(send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
-            await self._daemon_runs(session, name, d)
+            await self._warmup(send)
+            await self._top_short(name, send, d)
         finally:
             d.server.stop()
 
     async def run_std(
         self, session: aiohttp.ClientSession, system: str, prefix_cache: bool
     ) -> None:
-        servers = {
-            m: start_std_server(f"{system}_{m}", self.models[m], self.logs, prefix_cache)
-            for m in ("small", "large")
-        }
+        servers = start_std_servers(system, self.models, self.logs, prefix_cache, self.kv_tokens)
         try:
-            urls = [s.url for s in servers.values()]
-            disp = Dispatcher(session, urls, list(servers), self.tau, self.tokenizer)
-            await closed_loop(disp.send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
+            urls = [servers[m].url for m in self.names]
+            disp = Dispatcher(session, urls, self.names, self.tau)
+            await self._warmup(disp.send)
             w = self.workload("short")
             for n in self.plan.ns:
                 count = self.plan.requests(n)
-                await self.measure(system, disp.send, w, n, count, None, std=servers)
+                await self.measure(system, disp.send, w, n, count, std=servers)
             w = self.workload("long", self.plan.std_length)
-            await self.measure(system, disp.send, w, self.top_n, self.top_n, None, std=servers)
+            await self.measure(system, disp.send, w, self.top_n, self.top_n, std=servers)
         finally:
             for s in servers.values():
                 s.stop()
-
-    # -- checks ----------------------------------------------------------------------
-    def identity(self) -> list[dict[str, Any]]:
-        """Per system and workload: prompts compared with tokenrouterd, and how many match."""
-        ref: dict[tuple[str, int], Sequence[str]] = {}
-        for run in self.runs:
-            if run["system"] == "tokenrouterd":
-                ref.setdefault(
-                    (run["workload"], run["max_tokens"]), [r["text"] for r in run["records"]]
-                )
-        out = []
-        for run in self.runs:
-            base = ref.get((run["workload"], run["max_tokens"]))
-            if run["system"] == "tokenrouterd" or base is None:
-                continue
-            texts = [r["text"] for r in run["records"]]
-            pairs = list(zip(texts, base, strict=False))
-            out.append({
-                "system": run["system"], "workload": run["workload"], "n": run["n"],
-                "compared": len(pairs), "identical": sum(a == b for a, b in pairs),
-            })  # fmt: skip
-        return out

@@ -1,7 +1,9 @@
 """Start and stop the servers under test: tokenrouterd daemons and standard servers.
 
 Each server is a subprocess on free loopback ports with its log in the run folder;
-`up()` waits for its /health and fails with the log when it never comes up.
+`up()` waits for its /health and fails with the log when it never comes up. Servers
+that do not depend on each other are spawned together and then awaited, so their
+model loads overlap.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
+DTYPE = "float32"  # every system serves both models in this dtype
+THREADS = 1  # torch threads per engine (and per standard server)
 
 
 def free_port() -> int:
@@ -82,6 +86,18 @@ class Daemon:
     server: Server
     admin: str  # admin API base URL
 
+    def fresh_stats(self, since: float, timeout: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Every engine's raw stats, published after wall time `since` (engines publish
+        every 0.5 s): a snapshot that holds every step before `since`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats: dict[str, dict[str, Any]] = self.admin_get("/stats/raw")
+            if stats and all(body.get("time", 0.0) > since for body in stats.values()):
+                return stats
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.server.name}: no engine stats newer than {since}")
+            time.sleep(0.1)
+
     def admin_get(self, path: str) -> Any:
         with urllib.request.urlopen(self.admin + path, timeout=30) as resp:
             return json.loads(resp.read())
@@ -94,17 +110,19 @@ class Daemon:
             return json.loads(resp.read())
 
 
-def daemon_config(models: dict[str, Path], tau: float, engine: dict[str, Any]) -> dict[str, Any]:
+def daemon_config(
+    models: dict[str, Path], tau: float, engine: dict[str, Any], kv_tokens: int, context: int
+) -> dict[str, Any]:
     return {
         "listen": f"127.0.0.1:{free_port()}",
         "admin": f"127.0.0.1:{free_port()}",
         "device": "cpu",
         "mps": "off",
-        "memory": {"max_kv_tokens": 65536},
-        "max_model_len": 4096,
-        "models": [{"name": n, "path": str(p), "dtype": "float32"} for n, p in models.items()],
+        "memory": {"max_kv_tokens": kv_tokens},
+        "max_model_len": context,
+        "models": [{"name": n, "path": str(p), "dtype": DTYPE} for n, p in models.items()],
         "policy": {"name": "rstitch", "threshold": tau},
-        "engine": {"threads": 1, "max_batch_tokens": 2048, **engine},
+        "engine": {"threads": THREADS, "max_batch_tokens": 2048, **engine},
         "shutdown": {"grace_s": 5},
     }
 
@@ -117,10 +135,23 @@ def start_daemon(name: str, cfg: dict[str, Any], folder: Path) -> Daemon:
     return Daemon(server.up(), f"http://{cfg['admin']}")
 
 
-def start_std_server(name: str, model: Path, folder: Path, prefix_cache: bool = True) -> Server:
-    port = free_port()
-    argv = [str(ROOT / "scripts/baselines/std_server.py"), "--model", str(model)]
-    argv += [] if prefix_cache else ["--no-prefix-cache"]
-    server = spawn(name, [*argv, "--port", str(port)], folder)
-    server.url = f"http://127.0.0.1:{port}"
-    return server.up()
+def start_std_servers(
+    system: str, models: dict[str, Path], folder: Path, prefix_cache: bool, kv_tokens: int
+) -> dict[str, Server]:
+    """One standard server per model, spawned together, each awaited healthy."""
+    servers: dict[str, Server] = {}
+    for name, path in models.items():
+        port = free_port()
+        argv = [str(ROOT / "scripts/baselines/std_server.py"), "--model", str(path)]
+        argv += ["--port", str(port), "--kv-tokens", str(kv_tokens)]
+        argv += [] if prefix_cache else ["--no-prefix-cache"]
+        servers[name] = spawn(f"{system}_{name}", argv, folder)
+        servers[name].url = f"http://127.0.0.1:{port}"
+    try:
+        for server in servers.values():
+            server.up()
+    except RuntimeError:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers

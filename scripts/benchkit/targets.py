@@ -1,138 +1,205 @@
-"""The report's target ratios and ceiling rows, computed from a run's JSON runs list.
+"""The report's target rows, judged like for like, each with its reason taken from the run.
 
-tokenrouterd vs official at the largest N (short)        >= 10x
-tokenrouterd vs std at the std output length, largest N  >= 5x
-throughput at the longest output vs at the shortest      >= 90%
-each ablation slower than the full system                < 1.0 of full
-throughput / forward-only ceiling (short, largest N)     >= 70%
+The like-for-like rule: a ratio of two runs counts only when both served the same
+prompts (the same prompt set) and the large model made the same share of their output
+tokens, within `SHARE_SLACK`; otherwise the row is "not comparable" and says which
+differs. A run with any request whose output differs from the reference, or that has no
+reference, fails every row it is in ("missed", with the count). Lengths are compared by
+efficiency (throughput / forward-only ceiling), not raw throughput: a longer context
+costs each forward more whatever the serving system does.
+
+    tokenrouterd / official, short, largest N                  >= 10x
+    tokenrouterd / std, std output length, largest N          >= 5x   (std_nocache shown)
+    efficiency at the longest / the shortest output length    >= 90%
+    throughput / forward-only ceiling, short, largest N       >= 70%
+    median handoff latency, short, largest N                  <= 100 us
+    ablation / tokenrouterd, short, largest N                 < 1.00x
+    every request identical to the reference                  all
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from benchkit.identity import differing
 
 FULL = "tokenrouterd"
 ABLATIONS = ("no_delayed_batching", "no_pending_kv", "step_sync")
+SHARE_SLACK = 0.02  # largest difference of large-token share between compared runs
+Run = dict[str, Any]
 
 
-def find(runs: list[dict[str, Any]], system: str, workload: str, n: int | None = None) -> Any:
-    """The run's dict, or None when that run is absent."""
-    return next(
-        (r for r in runs if r["system"] == system and r["workload"] == workload
-         and (n is None or r["n"] == n)),
-        None,
-    )  # fmt: skip
+@dataclass(frozen=True)
+class Row:
+    name: str
+    target: str
+    measured: str
+    verdict: str  # "met" | "missed" | "not comparable"
+    why: str
+
+    def markdown(self) -> str:
+        return f"| {self.name} | {self.target} | {self.measured} | {self.verdict} | {self.why} |"
 
 
-def row(name: str, target: str, value: float | None, ok: bool, unit: str = "x") -> str:
-    if value is None:
-        return f"| {name} | {target} | not run | NO |"
-    shown = f"{100 * value:.0f}%" if unit == "%" else f"{value:.2f}x"
-    return f"| {name} | {target} | {shown} | {'yes' if ok else 'NO'} |"
+def find(runs: list[Run], system: str, workload: str, n: int | None = None) -> Run | None:
+    return next((r for r in runs if r["system"] == system and r["workload"] == workload
+                 and (n is None or r["n"] == n)), None)  # fmt: skip
 
 
-def ratio(a: Any, b: Any) -> float | None:
-    return a["throughput"] / b["throughput"] if a and b else None
+def spec(wanted: str) -> tuple[str, str, int | None]:
+    """ "tokenrouterd short N=16" -> ("tokenrouterd", "short", 16); no N: any."""
+    system, workload, *n = wanted.split()
+    return system, workload, int(n[0].removeprefix("N=")) if n else None
 
 
-def target_rows(runs: list[dict[str, Any]], top_n: int) -> list[str]:
-    full = find(runs, FULL, "short", top_n)
-    vs_off = ratio(full, find(runs, "official", "short"))
+def label(run: Run) -> str:
+    return f"{run['system']} {run['workload']} N={run['n']}"
+
+
+def unlike(a: Run, b: Run) -> str | None:
+    """Why runs `a` and `b` are not like for like, or None when they are."""
+    if a["prompt_set"] != b["prompt_set"]:
+        return f"different prompts ({a['requests']} vs {b['requests']} requests, other sets)"
+    gap = abs(a["large_fraction"] - b["large_fraction"])
+    if gap > SHARE_SLACK:
+        return (f"large-token share {100 * a['large_fraction']:.0f}% ({label(a)}) vs "
+                f"{100 * b['large_fraction']:.0f}% ({label(b)})")  # fmt: skip
+    return None
+
+
+def failed(ident: list[dict[str, Any]], *runs: Run) -> str | None:
+    """The identity failure of any of `runs` (reference runs are the reference)."""
+    for run in runs:
+        bad = None if run.get("reference") else differing(ident, run)
+        if bad is not None:
+            first = bad["first_divergence"]
+            where = "" if first is None else f", first at token {first}"
+            lacks = f", {bad['no_reference']} without a reference" if bad["no_reference"] else ""
+            return (f"{label(run)}: {bad['compared'] - bad['identical']} of {bad['compared']} "
+                    f"requests differ from the reference{where}{lacks}")  # fmt: skip
+    return None
+
+
+def verdict(ok: bool, why_met: str, why_missed: str) -> tuple[str, str]:
+    return ("met", why_met) if ok else ("missed", why_missed)
+
+
+def repeats_note(a: Run, b: Run) -> str:
+    ka, kb = len(a.get("throughputs", [1])), len(b.get("throughputs", [1]))
+    return "" if ka == kb else f" (best of {ka} vs {kb} run{'s' if kb > 1 else ''})"
+
+
+def ratio_row(
+    name: str, target: str, runs: list[Run], want: tuple[str, str],
+    meets: Callable[[float], bool], ident: list[Any], extra: str = "",
+) -> Row:  # fmt: skip
+    """Throughput of run `want[0]` / run `want[1]` ("system workload N=n"; "official
+    short": any N), judged by `meets`, like for like."""
+    a, b = (find(runs, *spec(w)) for w in want)
+    if a is None or b is None:
+        return Row(name, target, "not run", "not comparable", f"no {want[a is not None]} run")
+    value = a["throughput"] / b["throughput"]
+    shown = f"{value:.2f}x{repeats_note(a, b)}{extra}"
+    if (bad := failed(ident, a, b)) is not None:
+        return Row(name, target, shown, "missed", bad)
+    if (why := unlike(a, b)) is not None:
+        return Row(name, target, shown, "not comparable", why)
+    share = f"same {a['requests']} prompts, large share {100 * a['large_fraction']:.0f}%"
+    return Row(name, target, shown, *verdict(meets(value), share, share))
+
+
+def length_row(runs: list[Run], top_n: int, ident: list[Any]) -> Row:
     longs = sorted((r for r in runs if r["system"] == FULL and r["workload"].startswith("long")),
                    key=lambda r: r["max_tokens"])  # fmt: skip
-    std = next((r for r in runs if r["system"] == "std" and r["workload"].startswith("long")), None)
-    vs_std = ratio(find(runs, FULL, std["workload"], top_n), std) if std else None
-    keep = ratio(longs[-1], longs[0]) if longs else None
-    out = [
-        row(f"tokenrouterd / official, N={top_n}", ">= 10x", vs_off, (vs_off or 0) >= 10),
-        row(f"tokenrouterd / std, {std['max_tokens'] if std else '?'} output tokens, N={top_n}",
-            ">= 5x", vs_std, (vs_std or 0) >= 5),
-        row(f"throughput at {longs[-1]['max_tokens'] if longs else '?'} / at "
-            f"{longs[0]['max_tokens'] if longs else '?'} output tokens", ">= 90%", keep,
-            (keep or 0) >= 0.9, "%"),
+    if len(longs) < 2:
+        return Row("efficiency vs output length", ">= 90%", "not run", "not comparable",
+                   "fewer than two output lengths in the plan")  # fmt: skip
+    short, long = longs[0], longs[-1]
+    name = f"efficiency at {long['max_tokens']} / at {short['max_tokens']} tokens, N={top_n}"
+    effs = [r["ceiling"]["fraction"] if r.get("ceiling", {}).get("valid") else None
+            for r in (long, short)]  # fmt: skip
+    if effs[0] is None or effs[1] is None:
+        return Row(name, ">= 90%", "no ceiling", "not comparable", "a run has no valid ceiling")
+    value = effs[0] / effs[1]
+    shown = f"{100 * value:.0f}% ({100 * effs[0]:.0f}% vs {100 * effs[1]:.0f}% of the bound)"
+    if (bad := failed(ident, long, short)) is not None:
+        return Row(name, ">= 90%", shown, "missed", bad)
+    if (why := unlike(long, short)) is not None:
+        return Row(name, ">= 90%", shown, "not comparable", why)
+    share = f"same prompts, large share {100 * long['large_fraction']:.0f}%"
+    return Row(name, ">= 90%", shown, *verdict(value >= 0.9, share, share))
+
+
+def ceiling_row(run: Run | None, ident: list[Any]) -> Row:
+    name, target = "throughput / forward-only ceiling", ">= 70%"
+    c = run.get("ceiling") if run else None
+    if run is None or c is None:
+        return Row(name, target, "not run", "not comparable", "no daemon run at the largest N")
+    name = f"{name}, {label(run)}"
+    if not c["valid"]:
+        return Row(name, target, "invalid", "not comparable", c["invalid"])
+    frac, bound = c["fraction"], c["bound"]
+    shown = f"{100 * frac:.0f}% ({bound['kind']} bound)"
+    if frac > 1.0:
+        why = f"throughput above the {bound['kind']} bound: its premise ({bound['why']}) failed"
+        return Row(name, target, shown, "not comparable", why)
+    if (bad := failed(ident, run)) is not None:
+        return Row(name, target, shown, "missed", bad)
+    return Row(name, target, shown, *verdict(frac >= 0.7, bound["why"], bound["why"]))
+
+
+def handoff_row(run: Run | None) -> Row:
+    name, target = "median handoff latency", "<= 100 us"
+    h = run.get("ceiling", {}).get("handoff") if run else None
+    if run is None or h is None:
+        return Row(name, target, "not run", "not comparable", "no daemon run at the largest N")
+    name = f"{name}, {label(run)}"
+    if not h["sampled"]:
+        return Row(name, target, "-", "not comparable", "no handoffs in the run")
+    seen = (
+        f"{h['sampled']} handoffs"
+        if h["sampled"] == h["count"]
+        else f"the latest {h['sampled']} of {h['count']} handoffs (engines keep {h['window']})"
+    )
+    shown = f"{h['p50_us']:.0f} us (p99 {h['p99_us']:.0f})"
+    return Row(name, target, shown, *verdict(h["p50_us"] <= 100, seen, seen))
+
+
+def identity_row(ident: list[dict[str, Any]]) -> Row:
+    same = sum(i["identical"] for i in ident)
+    total = sum(i["compared"] + i["no_reference"] for i in ident)
+    bad = [f"{i['system']} {i['workload']} N={i['n']}" for i in ident
+           if i["identical"] < i["compared"] or i["no_reference"]]  # fmt: skip
+    shown = f"{same}/{total} requests in {len(ident)} runs"
+    why = "token ids and producing models, vs the official loop" if not bad else (
+        "differ: " + ", ".join(bad))  # fmt: skip
+    return Row("every request identical to the reference", "all", shown,
+               "met" if not bad and total else "missed", why)  # fmt: skip
+
+
+def target_rows(runs: list[Run], ident: list[dict[str, Any]], top_n: int) -> list[Row]:
+    full, top = find(runs, FULL, "short", top_n), f"short N={top_n}"
+    std = next((r for r in runs if r["system"] == "std" and r["workload"].startswith("long")),
+               None)  # fmt: skip
+    wl = f"{std['workload'] if std else 'long'} N={top_n}"
+    extra = ""
+    if (a := find(runs, *spec(f"{FULL} {wl}"))) and (b := find(runs, *spec(f"std_nocache {wl}"))):
+        extra = f"; vs std_nocache {a['throughput'] / b['throughput']:.2f}x"
+    rows = [
+        ratio_row(f"tokenrouterd N={top_n} / official", ">= 10x", runs,
+                  (f"{FULL} {top}", "official short"), lambda v: v >= 10, ident),
+        ratio_row(f"tokenrouterd / std, {std['max_tokens'] if std else '?'} tokens, N={top_n}",
+                  ">= 5x", runs, (f"{FULL} {wl}", f"std {wl}"), lambda v: v >= 5, ident, extra),
+        length_row(runs, top_n, ident),
+        ceiling_row(full, ident),
+        handoff_row(full),
     ]  # fmt: skip
     for name in ABLATIONS:
-        r = ratio(find(runs, name, "short", top_n), full)
-        out.append(row(f"{name} / tokenrouterd, N={top_n}", "< 1.00x", r, r is not None and r < 1))
-    c = full.get("ceiling") if full else None
-    frac = full["throughput"] / c["ceiling_throughput"] if c and c["ceiling_throughput"] else None
-    out.append(row(f"tokenrouterd / forward-only ceiling, N={top_n}", ">= 70%", frac,
-                   (frac or 0) >= 0.7, "%"))  # fmt: skip
-    return out
-
-
-def ceiling_rows(runs: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for r in runs:
-        c = r.get("ceiling")
-        if r["system"] != FULL or not c or not c["ceiling_throughput"]:
-            continue
-        cells = [
-            f"{m['batch_size_mean']:.1f}, {m['step_ms_mean']:.1f}"
-            for m in (c["models"].get("small"), c["models"].get("large"))
-            if m is not None
-        ]
-        frac = r["throughput"] / c["ceiling_throughput"]
-        par = c.get("parallel_ceiling_throughput", 0.0)
-        par_cells = f"{par:.0f} | {100 * r['throughput'] / par:.0f}%" if par else "- | -"
-        out.append(
-            f"| {r['workload']} | {r['n']} | {r['throughput']:.0f} | "
-            f"{c['ceiling_throughput']:.0f} | {100 * frac:.0f}% | {par_cells} "
-            f"| {' | '.join(cells)} |"
-        )
-    return out
-
-
-def batching_gain(runs: list[dict[str, Any]], top_n: int) -> list[str]:
-    """What batching buys per model on this host: step cost per request-row, N=1 vs top N."""
-    one, top = find(runs, FULL, "short", 1), find(runs, FULL, "short", top_n)
-    if not (one and top and one.get("ceiling") and top.get("ceiling")):
-        return []
-    parts = []
-    for name, a in one["ceiling"]["models"].items():
-        b = top["ceiling"]["models"].get(name)
-        if not (b and a["batch_size_mean"] and b["batch_size_mean"]):
-            continue
-        row1 = a["step_ms_mean"] / a["batch_size_mean"]
-        row_n = b["step_ms_mean"] / b["batch_size_mean"]
-        parts.append(
-            f"{name} {row1:.1f} ms per request-row at batch {a['batch_size_mean']:.1f} vs "
-            f"{row_n:.1f} ms at batch {b['batch_size_mean']:.1f} ({row1 / row_n:.1f}x)"
-        )
-    return [
-        "- Batching on a CPU buys less than on a GPU: a forward's cost grows with the batch",
-        f"  ({'; '.join(parts)}). The paper's 10x over research code comes from GPU",
-        "  steps whose latency is nearly flat in the batch size; here the gain over the",
-        "  one-request loop is bounded by that per-row ratio times the two engines' overlap.",
-    ]
-
-
-def step_cost_note(runs: list[dict[str, Any]]) -> list[str]:
-    """How much dearer the large model's step is than the small's, at N=1."""
-    one = find(runs, FULL, "short", 1)
-    models = one["ceiling"]["models"] if one and one.get("ceiling") else {}
-    small, large = models.get("small"), models.get("large")
-    if not (small and large and small["step_ms_mean"]):
-        return []
-    cost = large["step_ms_mean"] / small["step_ms_mean"]
-    return [
-        f"- The fixture large model's step costs {cost:.1f}x the small one's here "
-        f"({large['step_ms_mean']:.1f} vs {small['step_ms_mean']:.1f} ms at N=1),",
-        "  where a 0.6B/32B pair differs by more than 10x on a GPU: routing saves less than",
-        "  with such a pair; all systems share that handicap.",
-    ]
-
-
-def delayed_batching_note(runs: list[dict[str, Any]], top_n: int) -> list[str]:
-    """Why delayed batching did not pay, when it did not."""
-    r = ratio(find(runs, "no_delayed_batching", "short", top_n), find(runs, FULL, "short", top_n))
-    if r is None or r < 1:
-        return []
-    return [
-        f"- Delayed batching did not pay in this run (no_delayed_batching / tokenrouterd = "
-        f"{r:.2f}x at N={top_n}):",
-        "  a CPU step grows with its batch (above), so the rows gained by waiting save",
-        "  little, while the wait itself idles the engine that waits. The Markov model uses",
-        "  the measured step cost per batch size but assumes each engine owns its device;",
-        "  here the engines, the front end and the load client share 2 cores.",
-    ]
+        want = (f"{name} {top}", f"{FULL} {top}")
+        row = ratio_row(f"{name} / tokenrouterd, N={top_n}", "< 1.00x", runs, want,
+                        lambda v: v < 1, ident)  # fmt: skip
+        rows.append(row)
+    rows.append(identity_row(ident))
+    return rows

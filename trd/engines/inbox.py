@@ -94,13 +94,14 @@ class Inbox:
                 raise ValueError(f"handoff disagrees with the committed tokens from {msg.loc}")
             req.seq.extend(msg.tokens[have - msg.loc :].tolist())
             req.state = State.RUNNING if req.pages else State.WAITING
-        self.stats.handoffs_in += 1
         req.handoff_seq = msg.handoff_seq
         req.anchors = [int(a) for a in msg.anchors]
         req.anchors[self.out.index] = len(req.seq)
         req.runnable_since = now
         # Handoff latency excludes time the message waited for this engine's step.
-        req.handoff_latencies.append(now - max(msg.sent_at, self.step_end))
+        latency = now - max(msg.sent_at, self.step_end)
+        req.handoff_latencies.append(latency)
+        self.stats.record_handoff(latency)
         self.policy.receive(req, msg.extra)
 
     def drop(self, rid: int) -> None:

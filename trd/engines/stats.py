@@ -1,7 +1,11 @@
 """Per-engine counters and sliding windows of live measurements.
 
 The windows feed the Markov threshold model: step latency per batch size, and per
-request-forward where the request went next and how many tokens were committed.
+request-forward where the request went next and how many tokens were committed. The
+counters never wrap into a window, so the difference of two snapshots is exact over any
+stretch, however long: steps, request-rows forwarded (`rows`), seconds in forwards
+(`busy_s`), rows whose candidate token was dropped (`dropped`: R-Stitch escalating).
+`handoff_s` holds the latest handoff latencies; `handoffs_in` counts them all.
 """
 
 from __future__ import annotations
@@ -21,17 +25,28 @@ class EngineStats:
     tokens_fed: int = 0
     handoffs_out: int = 0
     handoffs_in: int = 0
+    rows: int = 0
+    busy_s: float = 0.0
+    dropped: int = 0
     latency: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     routes: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    handoff_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
     def record_step(self, batch_size: int, seconds: float, fed: int) -> None:
         self.steps += 1
+        self.rows += batch_size
+        self.busy_s += seconds
         self.tokens_fed += fed
         self.latency.append((batch_size, seconds))
 
     def record_route(self, dst: int, committed: int) -> None:
         self.tokens_committed += committed
+        self.dropped += committed == 0
         self.routes.append((dst, committed))
+
+    def record_handoff(self, seconds: float) -> None:
+        self.handoffs_in += 1
+        self.handoff_s.append(seconds)
 
     def snapshot(self) -> dict[str, Any]:
         sizes = [b for b, _ in self.latency]
@@ -41,6 +56,9 @@ class EngineStats:
             "tokens_fed": self.tokens_fed,
             "handoffs_out": self.handoffs_out,
             "handoffs_in": self.handoffs_in,
+            "rows": self.rows,
+            "busy_s": self.busy_s,
+            "dropped": self.dropped,
             "batch_size_mean": statistics.fmean(sizes) if sizes else 0.0,
             "step_ms_p50": 1e3 * statistics.median(s for _, s in self.latency)
             if self.latency
@@ -48,5 +66,6 @@ class EngineStats:
             "window": {
                 "latency": [[b, s] for b, s in self.latency],
                 "routes": [[d, c] for d, c in self.routes],
+                "handoff_s": list(self.handoff_s),
             },
         }

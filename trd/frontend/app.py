@@ -24,7 +24,7 @@ from aiohttp import web
 from trd.frontend.body import MAX_BODY_BYTES, read_json
 from trd.frontend.metrics import Metrics
 from trd.frontend.openai_api import ApiError, GenRequest, bad, parse_chat, parse_completion
-from trd.frontend.responses import Shaper, Usage
+from trd.frontend.responses import Produced, Shaper, Usage
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
 from trd.logs import kv
@@ -156,7 +156,9 @@ class OpenAIApi:
                 return await self._stream(request, req, gen, text, shaper, outcome)
             out = "".join([delta async for delta in self._texts(gen, text)])
             outcome.finish = self._finish_reason(gen, text)
-            return web.json_response(shaper.final(out, outcome.finish, self._usage(gen, text)))
+            produced = self._produced(gen, 0, text.read) if req.return_token_ids else None
+            body = shaper.final(out, outcome.finish, self._usage(gen, text), produced)
+            return web.json_response(body)
         except ApiError as exc:
             outcome.status = exc.status
             raise
@@ -182,9 +184,15 @@ class OpenAIApi:
         async def send(body: dict[str, Any]) -> None:
             await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
+        served = 0  # output tokens whose ids a chunk carried (return_token_ids)
+
         def chunk(delta: str | None, finish: str | None = None) -> dict[str, Any]:
+            nonlocal served
             usage = self._usage(gen, text) if req.continuous_usage else None
-            return shaper.chunk(delta, finish, usage)
+            produced = None
+            if req.return_token_ids and delta is not None:
+                produced, served = self._produced(gen, served, text.read), text.read
+            return shaper.chunk(delta, finish, usage, produced)
 
         if req.chat:
             await send(chunk(None))
@@ -241,6 +249,10 @@ class OpenAIApi:
     @staticmethod
     def _finish_reason(gen: Generation, text: TextStream) -> str:
         return "stop" if text.stopped or gen.finish is FinishReason.STOP else "length"
+
+    def _produced(self, gen: Generation, start: int, end: int) -> Produced:
+        names = self.served.names
+        return Produced(gen.tokens[start:end], [names[m] for m in gen.models[start:end]])
 
     def _usage(self, gen: Generation, text: TextStream) -> Usage:
         # The tokens the client was served: a stop string ends the output early.

@@ -83,6 +83,7 @@ class GenRequest:
     stream: bool
     include_usage: bool  # a last chunk with the usage
     continuous_usage: bool  # the usage so far in every chunk
+    return_token_ids: bool  # each choice carries its token ids and producing models
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -157,6 +158,7 @@ def _gen(
         max_tokens_param=max_param, params=params, stop=stop, stream=bool(req.stream),
         include_usage=bool(options.include_usage),
         continuous_usage=bool(options.continuous_usage_stats),
+        return_token_ids=bool(req.return_token_ids),
     )  # fmt: skip
 
 

@@ -3,6 +3,12 @@
 Every final body and the usage chunk carry, next to OpenAI's `usage`:
     "tokens_per_model": {"small": 40, "large": 9}   output tokens by producing model
     "model_switches": 7                             changes of producer between tokens
+
+Asked with `"return_token_ids": true` (vLLM's field), each choice also carries the
+output token ids and, our addition, the model that produced each one:
+    "token_ids": [791, 220, 17], "token_models": ["small", "large", "small"]
+in a stream, the ids of the tokens that chunk's text was decoded from (the chunks'
+lists joined are the whole output). Without the field the bodies are unchanged.
 """
 
 from __future__ import annotations
@@ -38,6 +44,17 @@ class Usage:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """Output token ids and the name of the model that produced each (return_token_ids)."""
+
+    ids: list[int]
+    models: list[str]
+
+    def fields(self) -> dict[str, Any]:
+        return {"token_ids": self.ids, "token_models": self.models}
+
+
 class Shaper:
     """Builds the bodies of one request (completion or chat) under one id and timestamp."""
 
@@ -51,20 +68,29 @@ class Shaper:
             kind = "chat.completion.chunk"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def final(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def final(
+        self, text: str, finish_reason: str, usage: Usage, produced: Produced | None = None
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
+        if produced is not None:
+            choice.update(produced.fields())
         return {**self._head(chunk=False), "choices": [choice], **usage.fields()}
 
     def chunk(
-        self, text: str | None, finish_reason: str | None = None, usage: Usage | None = None
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        usage: Usage | None = None,
+        produced: Produced | None = None,
     ) -> dict[str, Any]:
         """A text delta; `None` text opens a chat stream (the assistant role, no content).
 
-        With `usage` (vLLM's continuous_usage_stats) the chunk carries the counts so far."""
+        With `usage` (vLLM's continuous_usage_stats) the chunk carries the counts so far;
+        with `produced`, the tokens this delta was decoded from."""
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
         if self.chat:
             choice["delta"] = (
@@ -74,6 +100,8 @@ class Shaper:
                 choice["delta"] = {}
         else:
             choice["text"] = text or ""
+        if produced is not None:
+            choice.update(produced.fields())
         counts = {} if usage is None else usage.fields()
         return {**self._head(chunk=True), "choices": [choice], **counts}
 

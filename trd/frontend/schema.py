@@ -3,10 +3,10 @@
 Every integer limit comes from the width its field has on the wire to the engines
 (`trd.protocol.PARAMS_LAYOUT`), so a request accepted here always encodes. Besides
 OpenAI's fields we accept vLLM's extensions that real clients send (top_k, min_tokens,
-ignore_eos, stop_token_ids, stream_options.continuous_usage_stats). Fields we cannot
-honour are accepted only at their no-op value (n=1, echo=false, ...); fields we do not
-know are ignored, as OpenAI's API does. Strict types: 2.0 is not an integer, "1" is not
-a number, 1 is not a boolean.
+ignore_eos, stop_token_ids, stream_options.continuous_usage_stats, return_token_ids).
+Fields we cannot honour are accepted only at their no-op value (n=1, echo=false, ...);
+fields we do not know are ignored, as OpenAI's API does. Strict types: 2.0 is not an
+integer, "1" is not a number, 1 is not a boolean.
 
 Unions are tagged by a function of the JSON type, so a mistake gives one error in one
 branch; tags are written "<...>" and left out of the field path shown to the client.
@@ -165,6 +165,7 @@ class GenerationRequest(_Schema):
     ignore_eos: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None  # vLLM's: output ids (and, ours, each one's model)
     user: Text | None = None  # an end-user label; only checked
     n: Annotated[Any, _only(None, 1)] = None
     best_of: Annotated[Any, _only(None, 1)] = None
