@@ -74,7 +74,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    setup_logging(args.log_level)
     try:
         listen = parse_address("--listen", args.listen, allow_unix=False)
         cfg = load_config(args.config, serve=args.model)
@@ -82,6 +81,7 @@ def main(argv: list[str]) -> int:
     except (ConfigError, PlanError, ValueError) as exc:
         print(f"tokenrouterd engine: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    setup_logging(args.log_level)
     spec = next(s for s in deployment.specs if isinstance(s, EngineSpec))
     for line in deployment.plan.to_table().splitlines():
         log.info("memory plan | %s", line)
