@@ -24,9 +24,10 @@ from pathlib import Path
 import uvloop
 from bench_ring import _STAMP, pct, ponger, recv
 
-from trd.ipc.bridge import Bridge
+from trd.ipc.bridge import Bridge, Edge
 from trd.ipc.mesh import Mesh
 from trd.ipc.names import instance_prefix
+from trd.ipc.ring import Ring
 
 from benchkit.netns import NetNs, why_not
 
@@ -34,7 +35,7 @@ PORT = 7071
 HERE, FAR = 0, 1  # node ids: the pinger's and the ponger's
 
 
-def side(far: bool) -> tuple[Mesh, dict, dict]:  # type: ignore[type-arg]
+def side(far: bool) -> tuple[Mesh, dict[Edge, Ring], dict[Edge, Ring]]:
     """The rings of one side; egress and ingress as its bridge sees them."""
     mesh = Mesh(instance_prefix(os.getpid(), secrets.token_hex(4)), 2, 1 << 16, only=FAR)
     out = (lambda e: e[0] == FAR) if far else (lambda e: e[1] == FAR)
@@ -43,7 +44,7 @@ def side(far: bool) -> tuple[Mesh, dict, dict]:  # type: ignore[type-arg]
     return mesh, egress, ingress
 
 
-def bridge_client(host: str, egress: dict, ingress: dict) -> None:  # type: ignore[type-arg]
+def bridge_client(host: str, egress: dict[Edge, Ring], ingress: dict[Edge, Ring]) -> None:
     async def run() -> None:
         reader, writer = await asyncio.open_connection(host, PORT)
         await Bridge(reader, writer, egress, ingress).run()
@@ -77,15 +78,14 @@ def pong_server(host: str, n: int) -> None:
         mesh.unlink_all()
 
 
-def pings(ping: object, pong: object, n: int) -> tuple[list[float], list[float]]:
+def pings(ping: Ring, pong: Ring, n: int) -> tuple[list[float], list[float]]:
     """(there, back) one-way latencies in seconds: n pings, then the ponger's report."""
     back = []
     for _ in range(n):
-        ping.put(_STAMP.pack(time.perf_counter()))  # type: ignore[attr-defined]
-        frame = recv(pong)  # type: ignore[arg-type]
+        ping.put(_STAMP.pack(time.perf_counter()))
+        frame = recv(pong)
         back.append(time.perf_counter() - _STAMP.unpack(frame)[0])
-    there = list(_STAMP.iter_unpack(recv(pong)))  # type: ignore[arg-type]
-    return [t[0] for t in there], back
+    return [t[0] for t in _STAMP.iter_unpack(recv(pong))], back
 
 
 def over_rings(n: int) -> tuple[list[float], list[float]]:

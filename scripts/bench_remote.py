@@ -50,7 +50,9 @@ POLICIES = {
 }
 
 
-def write_config(folder: Path, models: dict[str, Path], policy: str, remote: str | None) -> Path:
+def write_config(
+    folder: Path, models: dict[str, Path], policy: str, spin_ms: float, remote: str | None
+) -> Path:
     large: dict[str, Any] = {"name": "large", "path": str(models["large"]), "dtype": "float32"}
     if remote is not None:
         large["remote"] = remote
@@ -58,7 +60,7 @@ def write_config(folder: Path, models: dict[str, Path], policy: str, remote: str
         "device": "cpu", "mps": "off", "memory": {"max_kv_tokens": 16384},
         "max_model_len": 1024, "remote_token": TOKEN, "policy": POLICIES[policy],
         "models": [{"name": "small", "path": str(models["small"]), "dtype": "float32"}, large],
-        "engine": {"threads": 1, "max_batch_tokens": 512},
+        "engine": {"threads": 1, "max_batch_tokens": 512, "spin_ms": spin_ms},
     }  # fmt: skip
     path = folder / ("remote.yaml" if remote else "local.yaml")
     path.write_text(yaml.safe_dump(raw))
@@ -121,6 +123,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2, help="local/remote pairs, alternating")
+    p.add_argument("--spin-ms", type=float, default=20.0, help="engine.spin_ms of both runs")
     p.add_argument("--json", type=Path, help="write the results here")
     args = p.parse_args()
     reason = why_not()
@@ -132,8 +135,8 @@ def main() -> int:
     runs: dict[str, list[dict[str, Any]]] = {"local": [], "remote": []}
     with NetNs() as ns, tempfile.TemporaryDirectory(prefix="bench-remote-") as tmp:
         folder = Path(tmp)
-        local = write_config(folder, models, args.policy, None)
-        remote = write_config(folder, models, args.policy, f"{ns.peer_ip}:{PORT}")
+        local = write_config(folder, models, args.policy, args.spin_ms, None)
+        remote = write_config(folder, models, args.policy, args.spin_ms, f"{ns.peer_ip}:{PORT}")
         host = start_remote(ns, remote, folder / "remote.log")
         groups: dict[str, EngineGroup] = {}
         try:

@@ -40,7 +40,7 @@ from trd.remote.spec import RemoteSpec
 log = logging.getLogger("trd.link")
 
 EXIT_LINK_LOST = 3
-RETRY_MIN_S, RETRY_MAX_S = 0.2, 5.0
+RETRY_MIN_S, RETRY_MAX_S = 0.2, 2.0
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
