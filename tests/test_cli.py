@@ -36,10 +36,10 @@ def test_status_table_shows_engines_rates_and_plan() -> None:
     assert "policy rstitch threshold=0.5; active requests 3/256; handoffs 12.3/s" in lines[1]
     assert lines[2] == "MPS: running, control daemon pid 77, pipe /run/trd/mps/pipe"
     small = next(line for line in lines if line.startswith("0 "))
-    assert small.split() == ["0", "small", "43", "cpu", "float32", "ready", "10", "246", "2",
-                             "0", "1", "80.0", "12.3", "1.5", "[1]"]  # fmt: skip
+    assert small.split() == ["0", "small", "local", "43", "cpu", "float32", "ready", "10", "246",
+                             "2", "0", "1", "80.0", "12.3", "1.5", "[1]"]  # fmt: skip
     large = next(line for line in lines if line.startswith("1 "))
-    assert large.split()[2] == "-" and "down" in large
+    assert large.split()[3] == "-" and "down" in large
     assert text.endswith("memory plan:\nmodel  device\nsmall  cpu")
 
 

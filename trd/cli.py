@@ -99,12 +99,13 @@ def format_status(s: dict[str, Any]) -> str:
         + f"; active requests {s['active_requests']}/{s['max_inflight']}"
         + f"; handoffs {_num(s['handoffs_per_s']) or '-'}/s",
     ]
-    rows: list[list[object]] = [["#", "model", "pid", "device", "dtype", "state", "kv used",
+    rows: list[list[object]] = [["#", "model", "host", "pid", "device", "dtype", "state", "kv used",
                                  "kv free", "run", "wait", "pend", "tok/s", "handoff/s", "batch",
                                  "thresholds"]]  # fmt: skip
     for e in s["engines"]:
         rows.append([
-            e["model"], e["name"], e["pid"], e["device"], e["dtype"], e["state"],
+            e["model"], e["name"], e.get("remote") or "local", e["pid"], e["device"], e["dtype"],
+            e["state"],
             e["kv_pages_used"], e["kv_pages_free"], e["running"], e["waiting"], e["pending"],
             _num(e["tokens_per_s"]), _num(e["handoffs_per_s"]), _num(e["batch_size_mean"]),
             e["thresholds"],

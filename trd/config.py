@@ -6,7 +6,9 @@
     memory: {budget_gib: auto | GiB, fraction: 0.9, max_kv_tokens: auto | N}
     max_model_len: N (default: the smallest context of the models)
     max_inflight: 256               stall_timeout_s: 120
-    models: [{name, path, dtype}, ...]             first = entry model
+    models: [{name, path, dtype, remote}, ...]     first = entry model
+                                    remote: HOST:PORT = served by `tokenrouterd engine` there
+    remote_token: a secret both hosts share (required with a remote model)
     policy: {name: rstitch, <the policy's params: trd/policies/params.py>}
     batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
     engine: {<trd/engines/spec.py EngineSettings: each key, default and check>}
@@ -16,6 +18,11 @@ A bad value raises ConfigError naming its key, the value and the reason; so does
 unknown key. Model paths are resolved against the config file's folder and checked to
 be checkpoints that share one tokenizer (`trd/models/tokenizers.py`: same ids for the
 same strings, whatever the padding of their embedding matrices).
+
+A host reads the checkpoints of the models it runs, and no other: the daemon skips
+`remote:` models (their tokenizer, vocabulary and context come over the link's handshake
+and are checked there, trd/remote/card.py); `tokenrouterd engine --model NAME` reads the
+same file with `serve=NAME` and reads only that model's checkpoint.
 """
 
 from __future__ import annotations
@@ -92,7 +99,9 @@ class ModelEntry:
     name: str
     path: Path
     dtype: str
-    checkpoint: Checkpoint  # read once, here; the memory plan and the engine use it
+    # Read once, here; the memory plan and the engine use it. None: another host runs it.
+    checkpoint: Checkpoint | None
+    remote: Address | None = None  # the `tokenrouterd engine` the daemon connects to
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,7 @@ class Config:
     listen: Address = Address("127.0.0.1", 8000)
     admin: Address = Address("127.0.0.1", 8001)
     admin_token: str = ""  # non-empty: the admin API wants `Authorization: Bearer <token>`
+    remote_token: str = ""  # shared with every remote engine; proven, never sent
     device: str = "auto"
     mps: MpsMode = "auto"
     memory: MemoryConfig = MemoryConfig()
@@ -122,10 +132,15 @@ class Config:
     max_retries: int = 3
     backoff_s: float = 1.0
 
+    @property
+    def local(self) -> tuple[ModelEntry, ...]:
+        """The models this host runs (their checkpoints were read)."""
+        return tuple(m for m in self.models if m.checkpoint is not None)
+
     def threads(self) -> int:
         if self.engine.threads is not None:
             return self.engine.threads
-        return max(1, (os.cpu_count() or 1) // len(self.models))
+        return max(1, (os.cpu_count() or 1) // len(self.local))
 
     @classmethod
     def demo(cls, models: dict[str, Path], port: int) -> Config:
@@ -148,8 +163,8 @@ class Config:
         return from_dict(raw, Path.cwd())
 
 
-def load_config(path: Path) -> Config:
-    """Read and validate the YAML config at `path`."""
+def load_config(path: Path, serve: str | None = None) -> Config:
+    """Read and validate the YAML config at `path` (`serve`: see `from_dict`)."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -157,13 +172,16 @@ def load_config(path: Path) -> Config:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return from_dict(raw, path.parent)
+    return from_dict(raw, path.parent, serve)
 
 
-def from_dict(raw: Any, base_dir: Path) -> Config:
-    """Validate a parsed config; relative model paths are taken from `base_dir`."""
+def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
+    """Validate a parsed config; relative model paths are taken from `base_dir`.
+
+    `serve`: the one model a remote engine host runs (`tokenrouterd engine --model`);
+    None: the daemon's view, every model but the `remote:` ones runs here."""
     top = Section("config", raw)
-    models = _models(top.list("models"), base_dir)
+    models = _models(top.list("models"), base_dir, serve)
     policy = Section("policy", top.get("policy", {"name": "rstitch"}))
     batching = Section("batching", top.get("batching", {}))
     shutdown = Section("shutdown", top.get("shutdown", {}))
@@ -174,7 +192,8 @@ def from_dict(raw: Any, base_dir: Path) -> Config:
         max_model_len=_max_model_len(top, models),
         listen=parse_address("listen", top.get("listen", "127.0.0.1:8000"), allow_unix=False),
         admin=_admin(top.get("admin", "127.0.0.1:8001")),
-        admin_token=_token(top.get("admin_token", "")),
+        admin_token=_token("admin_token", top.get("admin_token", "")),
+        remote_token=_remote_token(top, models, serve),
         device=_device(top.get("device", "auto")),
         mps=_mps(top.get("mps", "auto")),
         memory=_memory(Section("memory", top.get("memory", {}))),
@@ -267,13 +286,22 @@ def _mps(value: Any) -> MpsMode:
     return cast(MpsMode, value)
 
 
-def _token(value: Any) -> str:
+def _token(key: str, value: Any) -> str:
     if not isinstance(value, str) or (value and (len(value) < 16 or not value.isprintable())):
-        fail("admin_token", "<hidden>", "expected a printable string of at least 16 characters")
+        fail(key, "<hidden>", "expected a printable string of at least 16 characters")
     return value
 
 
-def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
+def _remote_token(top: Section, models: tuple[ModelEntry, ...], serve: str | None) -> str:
+    token = _token("remote_token", top.get("remote_token", ""))
+    remote = [m.name for m in models if m.remote is not None and m.checkpoint is None]
+    if not token and (remote or serve is not None):
+        why = f"model {remote[0]!r} is remote" if remote else f"this host serves {serve!r}"
+        raise ConfigError(f"remote_token: missing: {why}, and the link needs a shared token")
+    return token
+
+
+def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelEntry, ...]:
     if not items:
         fail("models", items, "at least one model is needed")
     entries: list[ModelEntry] = []
@@ -284,12 +312,28 @@ def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
             fail(f"models[{i}].name", name, "duplicate model name")
         path = base_dir / Path(sec.string("path")).expanduser()
         dtype = sec.choice("dtype", list(DTYPES), "bfloat16")
+        raw_remote = sec.get("remote", None)
+        remote = (
+            None
+            if raw_remote is None
+            else parse_address(f"models[{i}].remote", raw_remote, allow_unix=False)
+        )
         sec.done()
-        try:
-            ckpt = read_checkpoint(path)
-        except CheckpointError as exc:
-            fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
-        entries.append(ModelEntry(name, path, dtype, ckpt))
+        if i == 0 and remote is not None:
+            fail("models[0].remote", raw_remote, "the entry model runs with the daemon: the "
+                 "front end encodes prompts with its tokenizer")  # fmt: skip
+        ckpt = None
+        if (serve is None and remote is None) or serve == name:
+            try:
+                ckpt = read_checkpoint(path)
+            except CheckpointError as exc:
+                fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
+        entries.append(ModelEntry(name, path, dtype, ckpt, remote))
+    if serve is not None:
+        if serve not in [e.name for e in entries]:
+            names = [e.name for e in entries]
+            raise ConfigError(f"--model: {serve!r}: no such model in the config (models: {names})")
+        return tuple(entries)  # the daemon checks the tokenizer when it connects
     if not (entries[0].path / TOKENIZER_FILE).is_file():
         fail("models[0].path", str(entries[0].path), "the entry model has no tokenizer.json")
     _check_one_tokenizer(entries)
@@ -297,13 +341,17 @@ def _models(items: list[Any], base_dir: Path) -> tuple[ModelEntry, ...]:
 
 
 def _check_one_tokenizer(entries: list[ModelEntry]) -> None:
-    """Routed models exchange token ids: each must read them as the entry model does."""
+    """Routed models exchange token ids: each must read them as the entry model does.
+
+    Remote models are checked the same way when the daemon connects (trd/remote/card.py)."""
     if len(entries) == 1:
         return
     entry = entries[0]
     first = read_tokenizer(entry.path)
     assert first is not None
     for i, e in enumerate(entries[1:], start=1):
+        if e.checkpoint is None:
+            continue
         try:
             other = read_tokenizer(e.path)
         except CheckpointError as exc:
@@ -322,7 +370,8 @@ def _check_one_tokenizer(entries: list[ModelEntry]) -> None:
 
 
 def _max_model_len(top: Section, models: tuple[ModelEntry, ...]) -> int:
-    context = min(m.checkpoint.config.context for m in models)
+    """At most the smallest context here; a remote engine's is checked when it connects."""
+    context = min(m.checkpoint.config.context for m in models if m.checkpoint is not None)
     value = top.integer("max_model_len", context, low=2)
     if value > context:
         fail("max_model_len", value, f"exceeds the models' smallest context ({context})")

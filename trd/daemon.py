@@ -4,6 +4,8 @@
     tokenrouterd --demo [tiny] [--port P]   serve the demo pair with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
     tokenrouterd import-gguf FILE DIR  turn a llama.cpp GGUF file into a checkpoint folder
+    tokenrouterd engine --config F --model NAME --listen HOST:PORT
+                                     run one model on this host for a daemon elsewhere
 
 Start order: config -> devices -> MPS -> memory plan -> engines (READY from each) ->
 HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT: STOPPING=1, refuse new requests, let
@@ -53,7 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="tokenrouterd",
         description=__doc__.split("\n\n")[0],
-        epilog="tokenrouterd import-gguf --help: import a GGUF file as a checkpoint",
+        epilog="tokenrouterd import-gguf --help: import a GGUF file as a checkpoint; "
+        "tokenrouterd engine --help: run one model of a config on this host (remote: in "
+        "the daemon's config)",
     )
     p.add_argument("--config", type=Path, help="YAML config file")
     p.add_argument("--demo", nargs="?", const="tiny", choices=["tiny"],
@@ -87,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         from trd.models.gguf import main as import_gguf_main
 
         return import_gguf_main(argv[1:])
+    if argv[:1] == ["engine"]:  # a remote engine's host, not the daemon
+        from trd.remote.host import main as engine_host_main
+
+        return engine_host_main(argv[1:])
     args = parse_args(argv)
     # Until the event loop takes them over, SIGTERM/SIGINT end a start cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config OK: {len(cfg.models)} models on {deployment.device}, policy "
               f"{cfg.policy.name}, max_model_len {cfg.max_model_len}, MPS {mps}")  # fmt: skip
         print(deployment.plan.to_table())
+        for m in cfg.models:
+            if m.remote is not None:
+                print(f"model {m.name!r} runs at {m.remote}: its host plans its own memory; "
+                      "its tokenizer and context are checked when the daemon connects")  # fmt: skip
         return 0
     return uvloop.run(Daemon(cfg, deployment, tap).run())
 
@@ -195,11 +207,13 @@ class Daemon:
 
     def _served(self) -> Served:
         entry = self.cfg.models[0]
+        assert entry.checkpoint is not None
         return Served(
             names=[m.name for m in self.cfg.models],
             encoder=PromptEncoder(entry.path),
             max_model_len=self.cfg.max_model_len,
-            vocab_size=entry.checkpoint.vocab_limit,  # the tokenizer's ids, not padding rows
+            # The tokenizer's ids, not padding rows; the entry model always runs here.
+            vocab_size=entry.checkpoint.vocab_limit,
             created=int(time.time()),
         )
 

@@ -114,6 +114,11 @@ def handle_control(node: RoutingEngine, body: str) -> None:
             node.launch.set(list(cmd["thresholds"]), float(cmd["max_wait_ms"]))
             log.info("thresholds now %s, max_wait_ms %s", node.launch.thresholds,
                      node.launch.max_wait * 1e3)  # fmt: skip
+        elif cmd.get("op") == "drop_all":  # a remote engine's daemon is gone
+            rids = list(node.requests)
+            for rid in rids:
+                node.inbox.drop(rid)
+            log.info("dropped %d request(s): the daemon's link is gone", len(rids))
         elif cmd.get("op") != "stats":
             raise ValueError(f"unknown op {cmd.get('op')!r}")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

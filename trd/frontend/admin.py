@@ -28,6 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from trd.config import ConfigError, parse_thresholds
+from trd.engines.spec import EngineSpec
 from trd.frontend.app import Handler, openai_errors, read_json
 from trd.frontend.openai_api import ApiError
 from trd.memplan.plan import MemoryPlan
@@ -177,16 +178,23 @@ class AdminApi:
 
     def _engines(self) -> list[dict[str, Any]]:
         stats, rates = self.sup.engine_stats(), self.rates.per_second()
+        planned = {m.name: m.pages for m in self.plan.models}  # this host's engines only
         out = []
-        for spec, mem in zip(self.sup.specs, self.plan.models, strict=True):
+        for spec in self.sup.specs:
             state, pid = self.sup.engine_state(spec)
             s = stats.get(spec.name, {})
-            total, used = s.get("kv_pages_total", mem.pages), s.get("kv_pages_used")
+            total, used = s.get("kv_pages_total", planned.get(spec.name)), s.get("kv_pages_used")
             tok_s, hand_s = rates.get(spec.name, (None, None))
+            # A remote engine's path and device are on its host: its stats say them.
+            if isinstance(spec, EngineSpec):
+                where = {"path": str(spec.checkpoint.path), "remote": None, "device": spec.device}
+            else:
+                where = {"path": s.get("path"), "remote": str(spec.address),
+                         "device": s.get("device")}  # fmt: skip
             out.append({
-                "model": spec.index, "name": spec.name, "path": str(spec.checkpoint.path),
-                "dtype": spec.dtype,
-                "device": spec.device, "pid": pid, "state": state, "kv_pages_total": total,
+                "model": spec.index, "name": spec.name, **where, "dtype": spec.dtype,
+                "pid": pid, "state": state,
+                "kv_pages_total": total,
                 "kv_pages_used": used, "kv_pages_free": None if used is None else total - used,
                 "running": s.get("running"), "waiting": s.get("waiting"),
                 "pending": s.get("pending"), "batch_size_mean": s.get("batch_size_mean"),

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from trd.engines.spec import EngineSpec
 from trd.frontend.responses import Usage
 from trd.frontend.vllm_metrics import VllmCollector
+from trd.remote.spec import RemoteSpec
 from trd.supervisor.generation import Generation
 
 # TTFT on the CPU demo is tens of ms; on a loaded GPU host seconds.
@@ -69,7 +70,7 @@ class Metrics:
         engine_stats: EngineStats,
         requests: Callable[[], Collection[Generation]],
         model_name: str,
-        engines: Sequence[EngineSpec],
+        engines: Sequence[EngineSpec | RemoteSpec],
     ) -> None:
         """`requests`: those in flight (the Hub's); `engines`: the specs, entry first."""
         self.registry = CollectorRegistry()

@@ -27,6 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from trd.engines.spec import EngineSpec
+from trd.remote.spec import RemoteSpec
 from trd.supervisor.generation import Generation
 
 WAITING_HELP = (
@@ -54,7 +55,7 @@ class VllmCollector(Collector):
         model_name: str,
         requests: Callable[[], Collection[Generation]],
         engine_stats: Callable[[], dict[str, dict[str, Any]]],
-        engines: Sequence[EngineSpec],
+        engines: Sequence[EngineSpec | RemoteSpec],
     ) -> None:
         self.model_name, self.requests, self.engine_stats = model_name, requests, engine_stats
         self.engines = sorted(engines, key=lambda s: s.index)
@@ -75,8 +76,11 @@ class VllmCollector(Collector):
             "vllm:cache_config_info", CACHE_HELP,
             labels=["model_name", "engine", "block_size", "num_gpu_blocks", "cache_dtype"],
         )  # fmt: skip
+        stats = self.engine_stats()
         for spec in self.engines:
-            labels = [spec.name, str(spec.settings.page_size), str(spec.kv_pages), spec.dtype]
+            # A remote engine's pages are planned on its host: its stats say how many.
+            pages = stats.get(spec.name, {}).get("kv_pages_total", spec.kv_pages)
+            labels = [spec.name, str(spec.settings.page_size), str(pages), spec.dtype]
             info.add_metric([self.model_name, *labels], 1.0)
         yield info
 

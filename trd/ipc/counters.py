@@ -56,6 +56,21 @@ class Counters:
     def set_steps(self, engine: int, n: int) -> None:
         self._slots[1 + self.num_engines + engine] = n
 
+    def engine_slots(self, engine: int) -> tuple[int, int]:
+        """The slots engine `engine` writes; a remote-engine link mirrors them by number."""
+        return 1 + engine, 1 + self.num_engines + engine
+
+    @property
+    def num_slots(self) -> int:
+        return 1 + 2 * self.num_engines
+
+    def read(self, slots: list[int]) -> dict[int, int]:
+        return {s: int(self._slots[s]) for s in slots}
+
+    def write(self, values: dict[int, int]) -> None:
+        for slot, value in values.items():
+            self._slots[slot] = value
+
     def others_idle(self, engine: int) -> bool:
         return all(self._slots[1 + j] == 0 for j in range(self.num_engines) if j != engine)
 

@@ -9,6 +9,10 @@ distinct nodes gets one ring, since every pair talks:
 
 Each node owns one eventfd shared by all of its inbound rings, so an idle node
 blocks on a single descriptor whichever peer writes to it.
+
+The host of a remote engine (trd/remote/host.py) creates only the rings of the edges
+that touch its engine (`only=`): the other nodes live on the daemon's host, and a
+bridge stands in for them.
 """
 
 from __future__ import annotations
@@ -62,7 +66,13 @@ class Endpoint:
 class Mesh:
     """Creates (and owns) every ring and eventfd; `unlink_all` on every exit path."""
 
-    def __init__(self, prefix: str, n_engines: int, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        n_engines: int,
+        capacity: int = DEFAULT_CAPACITY,
+        only: int | None = None,
+    ) -> None:
         if not 1 <= n_engines <= 256:
             raise ValueError(f"n_engines must be in [1, 256], got {n_engines}")
         self.nodes = [FRONTEND, *range(n_engines)]
@@ -73,7 +83,7 @@ class Mesh:
                 self.wakeups[node] = EventFd()
             for src in self.nodes:
                 for dst in self.nodes:
-                    if src != dst:
+                    if src != dst and only in (None, src, dst):
                         name = ring_name(prefix, src, dst)
                         self.rings[src, dst] = Ring.create(name, capacity, self.wakeups[dst])
         except BaseException:

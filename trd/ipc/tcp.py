@@ -22,10 +22,11 @@ async def write_frame(writer: asyncio.StreamWriter, frame: bytes) -> None:
     await writer.drain()
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes:
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME) -> bytes:
     """Receive one frame; EOFError on a clean close between frames.
 
-    A length over MAX_FRAME or a close inside a frame raises ProtocolError.
+    A length over `limit` or a close inside a frame raises ProtocolError (a peer that
+    has not authenticated yet gets a small `limit`: it cannot make us allocate 64 MiB).
     """
     try:
         prefix = await reader.readexactly(_LEN.size)
@@ -34,8 +35,8 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
             raise EOFError("peer closed the stream") from e
         raise ProtocolError("stream closed inside a frame length") from e
     (n,) = _LEN.unpack(prefix)
-    if n > MAX_FRAME:
-        raise ProtocolError(f"frame length {n} exceeds {MAX_FRAME}")
+    if n > limit:
+        raise ProtocolError(f"frame length {n} exceeds {limit}")
     try:
         return await reader.readexactly(n)
     except asyncio.IncompleteReadError as e:

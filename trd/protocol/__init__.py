@@ -8,6 +8,7 @@ from trd.protocol.codec import (
     decode,
     encode,
     int_range,
+    restamp,
 )
 from trd.protocol.messages import (
     MAX_EXTRA,
@@ -48,4 +49,5 @@ __all__ = [
     "decode",
     "encode",
     "int_range",
+    "restamp",
 ]

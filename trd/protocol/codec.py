@@ -75,6 +75,8 @@ _I32 = np.dtype(np.int32)
 _U32 = np.dtype(np.uint32)
 _U8 = np.dtype(np.uint8)
 _F32 = np.dtype(np.float32)
+_SENT_AT = struct.Struct("<d")
+_SENT_AT_OFFSET = struct.calcsize("<BBQIBII")  # PeerReq.sent_at within its frame
 _PEER_KINDS = {k.value: k for k in PeerKind}
 _FINISH_REASONS = {f.value: f for f in FinishReason}
 
@@ -180,6 +182,20 @@ def encode(msg: Message) -> bytes:
         return enc(msg)
     except (struct.error, UnicodeEncodeError) as e:
         raise ProtocolError(f"cannot encode {type(msg).__name__}: {e}") from e
+
+
+def restamp(frame: bytes, shift: float) -> bytes:
+    """`frame` with `shift` added to its sent_at if it is a PeerReq; others unchanged.
+
+    sent_at is a perf_counter reading of the sender's host, meaningless on another host:
+    a link turns it into an age on the way out and back into a local time on the way in.
+    """
+    if len(frame) < _PEER.size or frame[0] != _T_PEER or frame[1] != VERSION:
+        return frame
+    out = bytearray(frame)
+    (sent_at,) = _SENT_AT.unpack_from(out, _SENT_AT_OFFSET)
+    _SENT_AT.pack_into(out, _SENT_AT_OFFSET, sent_at + shift)
+    return bytes(out)
 
 
 def _array(buf: memoryview, off: int, n: int, dtype: np.dtype) -> tuple[np.ndarray, int]:

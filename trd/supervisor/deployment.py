@@ -8,6 +8,8 @@ so each engine sees it alone as `cuda:0`: NVML numbers GPUs in PCI bus order, CU
 fastest first, and an MPS server renumbers the devices it was given.
 
 Nothing here starts a process, so `tokenrouterd --check` runs it to print the plan.
+The plan covers the models this host runs; a remote model gets a RemoteSpec, and its
+host plans its own memory with this same code (`tokenrouterd engine`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import shutil
 from dataclasses import dataclass, replace
 
 from trd import devices
-from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError
+from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError, ModelEntry
 from trd.engines.buckets import graph_shapes
 from trd.engines.spec import EngineSettings, EngineSpec
 from trd.memplan.plan import MemoryPlan, ModelMem, device_budget, model_mem, plan_memory
 from trd.mps.manager import MPS_CONTROL
 from trd.mps.resolve import resolve_mps
+from trd.remote.spec import RemoteSpec
+
+Spec = EngineSpec | RemoteSpec
 
 
 @dataclass(frozen=True)
@@ -30,12 +35,15 @@ class Deployment:
     gpu_uuid: str  # the GPU's UUID, "" on CPU
     use_mps: bool
     mps_reason: str  # why MPS is off, for `trctl status`
-    plan: MemoryPlan
-    specs: tuple[EngineSpec, ...]
+    plan: MemoryPlan  # this host's engines only
+    specs: tuple[Spec, ...]  # in model order: index i at position i
 
-    def with_env(self, env: dict[str, dict[str, str]]) -> tuple[EngineSpec, ...]:
+    def with_env(self, env: dict[str, dict[str, str]]) -> tuple[Spec, ...]:
         """The specs with extra environment per model name (e.g. the MPS pipe directory)."""
-        return tuple(replace(s, env={**s.env, **env.get(s.name, {})}) for s in self.specs)
+        return tuple(
+            replace(s, env={**s.env, **env.get(s.name, {})}) if isinstance(s, EngineSpec) else s
+            for s in self.specs
+        )
 
 
 def resolve_device(setting: str, gpus: list[devices.GpuInfo]) -> str:
@@ -95,28 +103,56 @@ def plan_deployment(cfg: Config) -> Deployment:
             cfg.engine.page_size,
         )
         for m in cfg.models
+        if m.checkpoint is not None
     ]
     plan = plan_memory(
         mems, {device: _budget(cfg, device, mems)}, cfg.engine.page_size, cfg.max_model_len
     )
     gpu = next((g for g in gpus if f"cuda:{g.index}" == device), None)
+    pages = {mp.name: mp.pages for mp in plan.models}
     specs = tuple(
-        EngineSpec(
-            index=i,
-            name=m.name,
-            checkpoint=m.checkpoint,
-            kv_pages=mp.pages,
-            dtype=m.dtype,
-            device="cpu" if gpu is None else "cuda:0",
-            num_models=len(cfg.models),
-            max_model_len=cfg.max_model_len,
-            policy=cfg.policy,
-            settings=cfg.engine,
-            threads=cfg.threads(),
-            thresholds=cfg.thresholds.get(m.name, (1,)),
-            batching=cfg.batching,
-            env=engine_env(gpu),
-        )
-        for i, (m, mp) in enumerate(zip(cfg.models, plan.models, strict=True))
+        _spec(cfg, i, m, gpu, pages[m.name]) if m.checkpoint is not None else _remote(cfg, i, m)
+        for i, m in enumerate(cfg.models)
+        if m.checkpoint is not None or m.remote is not None
     )
     return Deployment(device, gpu.uuid if gpu else "", use_mps, mps_reason, plan, specs)
+
+
+def _spec(
+    cfg: Config, i: int, m: ModelEntry, gpu: devices.GpuInfo | None, pages: int
+) -> EngineSpec:
+    assert m.checkpoint is not None
+    return EngineSpec(
+        index=i,
+        name=m.name,
+        checkpoint=m.checkpoint,
+        kv_pages=pages,
+        dtype=m.dtype,
+        device="cpu" if gpu is None else "cuda:0",
+        num_models=len(cfg.models),
+        max_model_len=cfg.max_model_len,
+        policy=cfg.policy,
+        settings=cfg.engine,
+        threads=cfg.threads(),
+        thresholds=cfg.thresholds.get(m.name, (1,)),
+        batching=cfg.batching,
+        env=engine_env(gpu),
+    )
+
+
+def _remote(cfg: Config, i: int, m: ModelEntry) -> RemoteSpec:
+    assert m.remote is not None
+    return RemoteSpec(
+        index=i,
+        name=m.name,
+        address=m.remote,
+        token=cfg.remote_token,
+        model_names=tuple(e.name for e in cfg.models),
+        max_model_len=cfg.max_model_len,
+        entry_dir=cfg.models[0].path,
+        dtype=m.dtype,
+        policy=cfg.policy,
+        settings=cfg.engine,
+        thresholds=cfg.thresholds.get(m.name, (1,)),
+        batching=cfg.batching,
+    )

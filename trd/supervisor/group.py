@@ -10,6 +10,10 @@ the benchmarks (driven by `pump`). Nothing here blocks: a frame for a full ring 
 in a queue that `flush` (called on every pump / wake-up, and by the daemon's timer
 while anything waits) retries in order. An engine that dies fails its requests with an
 error naming it, and the survivors are told to free them.
+
+A remote engine (RemoteSpec) gets a link process in its place, with the same rings
+(trd/remote/link.py); the link's end reads as the engine's death: "remote engine 'large'
+at HOST:PORT: connection lost".
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from trd.protocol import (
     decode,
     encode,
 )
+from trd.remote.link import EXIT_LINK_LOST, link_process
+from trd.remote.spec import RemoteSpec
 from trd.supervisor.generation import Generation
 
 log = logging.getLogger("trd.group")
@@ -57,8 +63,15 @@ class EngineStartError(RuntimeError):
     """An engine did not become ready; the message names it and why."""
 
 
+def describe(spec: EngineSpec | RemoteSpec) -> str:
+    """How messages name an engine: "engine 'small'", "remote engine 'large' at H:P"."""
+    return spec.describe() if isinstance(spec, RemoteSpec) else f"engine {spec.name!r}"
+
+
 class EngineGroup:
-    def __init__(self, specs: Sequence[EngineSpec], ring_capacity: int = 4 << 20) -> None:
+    def __init__(
+        self, specs: Sequence[EngineSpec | RemoteSpec], ring_capacity: int = 4 << 20
+    ) -> None:
         if not specs:
             raise ValueError("an engine group needs at least one engine")
         self.specs = list(specs)
@@ -89,8 +102,10 @@ class EngineGroup:
         try:
             for spec in self.specs:
                 args = (os.getpid(), spec, self.mesh.endpoint(spec.index), self.counters)
-                proc = ctx.Process(target=engine_process, args=args,
-                                   name=f"trd-engine-{spec.name}", daemon=True)  # fmt: skip
+                remote = isinstance(spec, RemoteSpec)
+                proc = ctx.Process(target=link_process if remote else engine_process, args=args,
+                                   name=f"trd-{'link' if remote else 'engine'}-{spec.name}",
+                                   daemon=True)  # fmt: skip
                 proc.start()
                 self.procs.append(proc)
             self._await_ready(timeout, cancelled)
@@ -106,13 +121,13 @@ class EngineGroup:
             for msg in self._drain():
                 if isinstance(msg, Ready):
                     if msg.error:
-                        name = self.specs[msg.model].name
-                        raise EngineStartError(f"engine {name!r} failed to start: {msg.error}")
+                        who = describe(self.specs[msg.model])
+                        raise EngineStartError(f"{who} failed to start: {msg.error}")
                     self.ready[msg.model] = msg
             for spec, proc in zip(self.specs, self.procs, strict=True):
                 if spec.index not in self.ready and proc.exitcode is not None:
                     raise EngineStartError(
-                        f"engine {spec.name!r} exited with code {proc.exitcode} before it was ready"
+                        f"{describe(spec)} exited with code {proc.exitcode} before it was ready"
                     )
             left = deadline - time.monotonic()
             if left <= 0:
@@ -252,6 +267,11 @@ class EngineGroup:
             if spec.index in self.dead or proc.exitcode is None:
                 continue
             reason = f"engine {spec.name!r} (pid {proc.pid}) died with exit code {proc.exitcode}"
+            if isinstance(spec, RemoteSpec):
+                reason = f"{spec.describe()}: " + (
+                    "connection lost" if proc.exitcode == EXIT_LINK_LOST
+                    else f"its link process (pid {proc.pid}) died with exit code {proc.exitcode}"
+                )  # fmt: skip
             self.dead[spec.index] = reason
             assert self.mesh is not None
             for (_, dst), ring in self.mesh.rings.items():

@@ -9,8 +9,11 @@ The group's fds (the front end's wakeup eventfd, one sentinel per engine process
 loop readers. When an engine dies, the group has already failed its in-flight requests;
 the keeper closes the whole group (unlinking its rings) and starts a new one after a
 backoff. `max_retries` restarts in a row are allowed; the count starts over once a
-group has served for RESET_AFTER_S. A housekeeping task retries frames queued for
-full rings and fails requests the engines stopped reporting on (`stall_timeout_s`).
+group has served for RESET_AFTER_S, and after a remote engine's lost connection, which
+is no engine failing: its link reconnects with backoff as the group starts again (the
+local engines are restarted with it, so no request outlives the link half-served).
+A housekeeping task retries frames queued for full rings and fails requests the
+engines stopped reporting on (`stall_timeout_s`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from dataclasses import replace
 from typing import Any
 
 from trd.config import Config
-from trd.engines.spec import EngineSpec
 from trd.logs import StderrTap
+from trd.remote.spec import RemoteSpec
+from trd.supervisor.deployment import Spec
 from trd.supervisor.group import EngineGroup, EngineStartError
 from trd.supervisor.hub import Hub, State
 
@@ -39,7 +43,7 @@ HOUSEKEEPING_S = 0.5
 
 class EngineKeeper:
     def __init__(
-        self, cfg: Config, specs: tuple[EngineSpec, ...], hub: Hub, tap: StderrTap | None
+        self, cfg: Config, specs: tuple[Spec, ...], hub: Hub, tap: StderrTap | None
     ) -> None:
         self.cfg, self.hub, self.tap = cfg, hub, tap
         self.specs = specs
@@ -155,7 +159,8 @@ class EngineKeeper:
     async def _restart_loop(self) -> None:
         assert self.group is not None
         reason = "; ".join(self.group.dead.values())
-        if time.monotonic() - self.started_at > RESET_AFTER_S:
+        links_lost = all(isinstance(self.specs[i], RemoteSpec) for i in self.group.dead)
+        if links_lost or time.monotonic() - self.started_at > RESET_AFTER_S:
             self.attempts = 0
         log.error("%s; its requests failed, stopping the other engines", reason)
         group = self._detach("restarting", f"restarting engines after: {reason}")
@@ -214,11 +219,16 @@ class EngineKeeper:
         names = {s.index: s.name for s in self.specs}
         return {names[m]: body for m, body in self.group.stats.items() if m not in self.group.dead}
 
-    def engine_state(self, spec: EngineSpec) -> tuple[str, int | None]:
-        """("ready" | "dead" | "down", pid) of one engine."""
+    def engine_state(self, spec: Spec) -> tuple[str, int | None]:
+        """("ready" | "dead" | "down", pid) of one engine; a remote one is "connected" or
+        "disconnected", with its pid on its own host."""
         group = self.group
+        remote = isinstance(spec, RemoteSpec)
         if group is None or spec.index >= len(group.procs):
-            return "down", None
+            return ("disconnected" if remote else "down"), None
         ready = group.ready.get(spec.index)
+        if remote:
+            up = ready is not None and spec.index not in group.dead
+            return ("connected" if up else "disconnected"), ready.pid if ready else None
         pid = ready.pid if ready is not None else group.procs[spec.index].pid
         return ("dead" if spec.index in group.dead else "ready"), pid
