@@ -77,6 +77,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "stop": st.none() | stops | st.lists(stops, max_size=3),
     "stop_token_ids": st.lists(st.integers(0, 2047), max_size=3),
     "ignore_eos": st.booleans(),
+    "return_token_ids": st.booleans(),
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries(
         {}, optional={"include_usage": st.booleans(), "continuous_usage_stats": st.booleans()}

@@ -66,7 +66,7 @@ def test_imported_config_and_tokenizer_round_trip(large_model: Path) -> None:
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size) == ("llama", 30, 576)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size) == (9, 3, 49152)
     assert cfg.tie_word_embeddings and cfg.rope_parameters["rope_theta"] == 100000.0
-    assert cfg.rms_norm_eps == 1e-5 and cfg.context == 8192
+    assert cfg.rms_norm_eps == 1e-5 and cfg.max_position_embeddings == 8192
     tok = AutoTokenizer.from_pretrained(large_model)
     assert "<|im_start|>" in tok.chat_template
     assert {"<|im_start|>", "<|im_end|>"} <= set(tok.all_special_tokens)
