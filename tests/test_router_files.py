@@ -161,3 +161,16 @@ def test_the_entry_engine_checks_its_own_half_of_the_pair(
     with pytest.raises(PolicyError, match=r"policy.head: .*trained with the small model of the "
                        r"pair small\+large, not with .*mid"):  # fmt: skip
         make_policy(spec, PolicyContext(0, 2, embed, tiny_models["mid"]))
+
+
+def test_the_large_engine_reports_a_threshold_once_it_has_one(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Only the entry engine reads the head: the other reports none until one is set
+    (what the share control's confirmation waits for)."""
+    head = head_for(tmp_path, tiny_models["small"], tiny_models["large"])
+    spec = PolicySpec("citer", {"head": str(head)})
+    large = make_policy(spec, PolicyContext(1, 2, nn.Embedding(VOCAB, HIDDEN)))
+    assert large.threshold is None
+    large.set_threshold(0.25)
+    assert large.threshold == 0.25

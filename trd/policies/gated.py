@@ -38,6 +38,7 @@ class GatedPolicy(ThresholdPolicy):
     def __init__(self, ctx: PolicyContext, params: GatedParams) -> None:
         super().__init__(ctx)
         self.head: RouterHead | R2RRouter | None = None
+        self.given = params.threshold is not None  # else the head's, read by the entry engine
         self.tau = params.threshold if params.threshold is not None else 0.0
         if ctx.model != 0:
             return  # only the entry model scores positions
@@ -65,6 +66,14 @@ class GatedPolicy(ThresholdPolicy):
                 "differ)"
             )
         return head
+
+    @property
+    def threshold(self) -> float | None:
+        """None on an engine that neither reads the head nor was given a threshold."""
+        return self.tau if self.head is not None or self.given else None
+
+    def set_threshold(self, tau: float) -> None:
+        self.tau, self.given = tau, True
 
     def num_features(self, hidden: int, top_k: int) -> int:
         return hidden

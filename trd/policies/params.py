@@ -2,7 +2,9 @@
 
 The config reader checks `policy:` here at start (and `tokenrouterd --check`), so a
 typo or an out-of-range value is refused with its key before any engine loads; the
-engines build their policy from the same checked object.
+engines build their policy from the same checked object. A policy with a threshold
+(THRESHOLDS) also takes `target_large_share`, which the daemon's share control reads
+(trd/supervisor/share.py); the policy itself never sees it.
 """
 
 from __future__ import annotations
