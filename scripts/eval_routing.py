@@ -40,6 +40,7 @@ from routerkit.sweep import Job, Judge, run, sweep
 from routerkit.sweep import group_for as start_group
 
 KINDS = ("citer", "r2r", "collm")
+TABLE_SHARES = (0.1, 0.2, 0.3, 0.4)  # the equal-share table's columns, refined toward
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -101,6 +102,15 @@ def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -
     return out
 
 
+def alone(path: Path, jobs: list[Job], args: argparse.Namespace) -> tuple[list[Any], float]:
+    """One model serving the jobs by itself: (generations, seconds)."""
+    group = start_group([path], PolicySpec("scripted", {"schedule": [0]}), args.cpu_linear)
+    try:
+        return run(group, jobs, args.concurrency)
+    finally:
+        group.close()
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(1)  # the engine processes use the cores
@@ -109,26 +119,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = SamplingParams(max_tokens=args.max_tokens)
     jobs: list[Job] = [(p, params) for p in prompts(args.prompts, "eval", args.small,
                                                      args.num_prompts)]  # fmt: skip
+    large_only = alone(args.large, jobs, args)
+    judge = Judge(args.large, jobs, [g.tokens for g in large_only[0]])
     points = []
-    refs: dict[str, list[list[int]]] = {}
-    for label, path in (("large-only", args.large), ("small-only", args.small)):
-        group = start_group([path], PolicySpec("scripted", {"schedule": [0]}), args.cpu_linear)
-        try:
-            gens, seconds = run(group, jobs, args.concurrency)
-        finally:
-            group.close()
-        refs[label] = [g.tokens for g in gens]
-        if label == "large-only":
-            judge = Judge(args.large, jobs, refs[label])
+    for label, (gens, seconds) in (("large-only", large_only),
+                                   ("small-only", alone(args.small, jobs, args))):  # fmt: skip
         point = judge.point(label, None, gens, seconds)
         point.large_share = 1.0 if label == "large-only" else 0.0
         print(f"{label}: identical {point.identical:.2f} nll {point.nll:.3f} "
               f"{point.tok_s:.1f} tok/s", flush=True)  # fmt: skip
         points.append(vars(point))
-    pos = data.teacher_force(args.small, [p for p, _ in jobs], refs["large-only"])
+    pos = data.teacher_force(args.small, [p for p, _ in jobs], judge.reference)
     pair = [args.small, args.large]
     for label, spec, taus in curves(args, pos, shares):
-        points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear)
+        points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
+                        TABLE_SHARES)  # fmt: skip
     result = {
         "small": str(args.small), "large": str(args.large), "prompts": len(jobs),
         "prompt_source": args.prompts, "max_tokens": args.max_tokens,
@@ -137,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (args.out / "quality.json").write_text(json.dumps(result, indent=2))
     title = f"{args.small.name} + {args.large.name}"
     plot(points, args.out, title)
-    md = table(points, [0.1, 0.2, 0.3, 0.4])
+    md = table(points, list(TABLE_SHARES))
     (args.out / "quality_table.md").write_text(md + "\n")
     print(md)
     print(f"wrote {args.out}", flush=True)

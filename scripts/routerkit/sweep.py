@@ -2,7 +2,8 @@
 
 A policy's engines start once; each threshold is installed live (the Control message
 the daemon's share control sends, confirmed by every engine's Stats) before its run:
-the evaluation prompts at concurrency N, greedy. Per point:
+the evaluation prompts at concurrency N, greedy. Sweep points that leave a target share
+uncovered get refined points (`refinements`). Per point:
 
     large_share       tokens the large model produced / all tokens
     handoffs_per_req  handoffs received by any engine, per request (from the Done reports)
@@ -14,6 +15,7 @@ the evaluation prompts at concurrency N, greedy. Per point:
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +32,8 @@ from trd.supervisor.group import EngineGroup, run_closed_loop
 
 Job = tuple[list[int], SamplingParams]
 CONFIRM_S = 30.0
+REFINE_GAP = 0.04  # a point within this of a target share covers it
+REFINE_ROUNDS = 2
 
 
 @dataclass
@@ -119,20 +123,45 @@ def sweep(
     judge: Judge,
     concurrency: int,
     cpu_linear: str,
+    targets: Sequence[float] = (),
 ) -> list[dict[str, Any]]:
+    """The points of `taus`, then (REFINE_ROUNDS times) one more for each target share
+    no point came within REFINE_GAP of, at the threshold interpolated between the two
+    measured points around it: so curves compare at equal shares, not across gaps."""
     group = group_for(paths, policy, cpu_linear)
-    points = []
+    points: list[Point] = []
+
+    def measure(tau: float) -> None:
+        install_threshold(group, tau)
+        gens, seconds = run(group, jobs, concurrency)
+        point = judge.point(label, tau, gens, seconds)
+        print(f"{label:14} tau {tau:10.6g} large {point.large_share:6.3f} identical "
+              f"{point.identical:5.2f} nll {point.nll:6.3f} handoffs/req "
+              f"{point.handoffs_per_req:6.1f} {point.tok_s:7.1f} tok/s", flush=True)  # fmt: skip
+        points.append(point)
+
     try:
         for tau in taus:
-            if tau is not None:
-                install_threshold(group, tau)
-            gens, seconds = run(group, jobs, concurrency)
-            point = judge.point(label, tau, gens, seconds)
-            print(f"{label:14} tau {tau if tau is not None else '-':>8} large "
-                  f"{point.large_share:6.3f} identical {point.identical:5.2f} nll "
-                  f"{point.nll:6.3f} handoffs/req {point.handoffs_per_req:6.1f} "
-                  f"{point.tok_s:7.1f} tok/s", flush=True)  # fmt: skip
-            points.append(asdict(point))
+            measure(tau)
+        for _ in range(REFINE_ROUNDS):
+            for tau in refinements(points, targets):
+                measure(tau)
     finally:
         group.close()
-    return points
+    return [asdict(p) for p in points]
+
+
+def refinements(points: list[Point], targets: Sequence[float]) -> list[float]:
+    """Thresholds interpolated (linearly in share) toward the targets not yet covered."""
+    pts = sorted((p for p in points if p.threshold is not None), key=lambda p: p.large_share)
+    out = []
+    for s in targets:
+        if any(abs(p.large_share - s) <= REFINE_GAP for p in pts):
+            continue
+        for a, b in itertools.pairwise(pts):
+            if a.large_share < s < b.large_share:
+                assert a.threshold is not None and b.threshold is not None
+                f = (s - a.large_share) / (b.large_share - a.large_share)
+                out.append(a.threshold + f * (b.threshold - a.threshold))
+                break
+    return out
