@@ -14,7 +14,9 @@ model teacher-forced on the large-only answers that escalate --shares of the pos
 (an offline estimate: the measured share is what the plots use).
 
 Writes OUT/quality.json, OUT/quality_{identical,nll,handoffs_per_req,tok_s}.png and
-OUT/quality_table.md (identical fraction and NLL of each curve at equal large shares).
+OUT/quality_table.md (identical fraction and NLL of each curve at equal large shares; and
+offline, on the same teacher-forced positions, the share of positions each score must
+escalate to catch 95% of the small model's mismatches: lower is a better ranking).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from trd.protocol import SamplingParams
 
 from benchkit.pairs import load_pair
 from routerkit import data
+from routerkit.fit import recall_threshold
 from routerkit.prompts import prompts
-from routerkit.report import plot, table
+from routerkit.report import offline_table, plot, table
 from routerkit.sweep import Job, Judge, run, sweep
 from routerkit.sweep import group_for as start_group
 
@@ -83,11 +86,12 @@ def head_scores(path: Path, kind: str, pos: data.Positions) -> torch.Tensor:
 
 
 def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -> list[Any]:
-    """(label, policy spec, thresholds) of every curve."""
+    """(label, policy spec, thresholds, escalation score per position) of every curve."""
     out: list[Any] = [
-        ("entropy rule", PolicySpec("rstitch"), quantile_taus(pos.entropy, shares, False)),
-        ("glimp", PolicySpec("glimp"), quantile_taus(pos.probe, shares, False)),
-    ]
+        ("entropy rule", PolicySpec("rstitch"), quantile_taus(pos.entropy, shares, False),
+         pos.entropy),
+        ("glimp", PolicySpec("glimp"), quantile_taus(pos.probe, shares, False), pos.probe),
+    ]  # fmt: skip
     hidden = pos.hidden.shape[1]
     random_dir = args.out / "random"
     random_dir.mkdir(parents=True, exist_ok=True)
@@ -97,8 +101,10 @@ def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -
         rand = save_random_head(random_dir / f"{kind}.safetensors", kind, width, 128, seed, top_k)
         for label, path in ((f"{kind} trained", args.heads / f"{kind}.safetensors"),
                             (f"random {kind}", rand)):  # fmt: skip
-            taus = quantile_taus(head_scores(path, kind, pos), shares, kind == "citer")
-            out.append((label, PolicySpec(kind, {"head": str(path)}), taus))
+            score = head_scores(path, kind, pos)
+            taus = quantile_taus(score, shares, kind == "citer")
+            up = 1 - score if kind == "citer" else score  # citer escalates low confidence
+            out.append((label, PolicySpec(kind, {"head": str(path)}), taus, up))
     return out
 
 
@@ -131,18 +137,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         points.append(vars(point))
     pos = data.teacher_force(args.small, [p for p, _ in jobs], judge.reference)
     pair = [args.small, args.large]
-    for label, spec, taus in curves(args, pos, shares):
+    offline = {}
+    for label, spec, taus, score in curves(args, pos, shares):
+        offline[label] = recall_threshold(score, pos.labels("citer"))[2]
         points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
                         TABLE_SHARES)  # fmt: skip
     result = {
         "small": str(args.small), "large": str(args.large), "prompts": len(jobs),
         "prompt_source": args.prompts, "max_tokens": args.max_tokens,
         "concurrency": args.concurrency, "load_average": os.getloadavg(), "points": points,
+        "offline_share_at_recall_95": offline,
     }  # fmt: skip
     (args.out / "quality.json").write_text(json.dumps(result, indent=2))
     title = f"{args.small.name} + {args.large.name}"
     plot(points, args.out, title)
-    md = table(points, list(TABLE_SHARES))
+    md = table(points, list(TABLE_SHARES)) + "\n\n" + offline_table(offline)
     (args.out / "quality_table.md").write_text(md + "\n")
     print(md)
     print(f"wrote {args.out}", flush=True)

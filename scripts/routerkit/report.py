@@ -62,6 +62,12 @@ def at_share(pts: list[Run], key: str, share: float) -> float | None:
     return float(np.interp(share, xs, [p[key] for p in pts]))
 
 
+def offline_table(offline: dict[str, float]) -> str:
+    lines = ["| score | share escalated for 95% recall of mismatches |", "|---|---|"]
+    lines += [f"| {name} | {share:.3f} |" for name, share in offline.items()]
+    return "\n".join(lines)
+
+
 def table(points: list[Run], shares: list[float]) -> str:
     """Markdown: identical fraction and NLL of every curve at equal large-token shares."""
     cs = curves(points)
