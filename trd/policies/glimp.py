@@ -100,16 +100,18 @@ class GlimpPolicy(ThresholdPolicy):
             self.on_device = (self.table.on(dev), ids)
         table, think_ids = self.on_device
         states = [self._scan(r) for r in reqs]
+        # What the committed tokens say, per row, in one host-to-device copy.
+        rows = [[s.answer, s.step_start == s.seen, s.tail, s.seen + 1 - s.step_start]
+                for s in states]  # fmt: skip
+        facts = torch.tensor(rows, dtype=torch.long, device=dev).reshape(len(states), 4)
+        answer, probe, tail, length = facts.unbind(1)
+        answer, probe = answer.bool(), probe.bool()
         tokens = step.tokens.to(dev)
         last = self.ctx.last
-        answer = torch.tensor([s.answer for s in states], device=dev)
         think = torch.isin(tokens, think_ids)
         if self.ctx.model == 0:
-            probe = torch.tensor([s.step_start == s.seen for s in states], device=dev)
             up = (probe & (top_entropy(step.logits) >= self.tau)) | answer
             return RouteBatch(torch.where(up | think, last, 0), ~up)
-        tail = torch.tensor([s.tail for s in states], dtype=torch.long, device=dev)
-        length = torch.tensor([s.seen + 1 - s.step_start for s in states], device=dev)
         ends = (table.advance(tail, tokens) == 2) | (length >= self.step_tokens)
         stay = answer | think | ~ends
         return RouteBatch(torch.where(stay, last, 0), torch.ones_like(stay))
