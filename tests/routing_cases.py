@@ -15,6 +15,10 @@ from trd.reference import ReferenceRouter, Trace
 from trd.tinymodels.corpus import corpus
 
 MODEL_SETS = {2: ("small", "large"), 3: ("small", "mid", "large")}
+# GlimpRouter on the fixtures: their top-20 entropies lie near ln 20, steps end by length
+# (the fixture tokenizer has no "\n\n" token and the models rarely write "\n" twice),
+# and " list" stands for </think>, so answers handed to the large model occur too.
+GLIMP = {"threshold": 2.8, "step_tokens": 6, "think_end": " list"}
 Job = tuple[list[int], SamplingParams]
 
 

@@ -21,6 +21,8 @@ from trd.policies.heads import save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import Message, SamplingParams, Submit
 
+from r2r_reference import build
+
 READS = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
@@ -42,7 +44,7 @@ def host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 def routing_engine(path: Path, policy: str, params: dict[str, Any]) -> RoutingEngine:
     spec = EngineSpec.of(path, num_models=2, kv_tokens=2048, policy=PolicySpec(policy, params))
     engine = Engine(spec)
-    ctx = PolicyContext(0, 2, engine.runner.model.model.embed_tokens)
+    ctx = PolicyContext(0, 2, engine.runner.model.model.embed_tokens, spec.checkpoint.path)
     sent: list[tuple[int, Message]] = []
     node = RoutingEngine(engine, make_policy(spec.policy, ctx), lambda n, m: sent.append((n, m)))
     prompts = ([5, 6, 7], [8, 9], [10, 11, 12, 13], [14] * 9)
@@ -55,7 +57,12 @@ def routing_engine(path: Path, policy: str, params: dict[str, Any]) -> RoutingEn
 
 
 @pytest.mark.parametrize(
-    ("policy", "params"), [("rstitch", {"threshold": 0.97}), ("scripted", {"schedule": [0, 0, 1]})]
+    ("policy", "params"),
+    [
+        ("rstitch", {"threshold": 0.97}),
+        ("scripted", {"schedule": [0, 0, 1]}),
+        ("glimp", {"threshold": 2.8, "step_tokens": 2}),  # the step state stays on the host
+    ],
 )
 def test_a_routing_step_reads_the_device_once(
     tiny_models: dict[str, Path], policy: str, params: dict[str, Any], host_reads: list[str]
@@ -82,3 +89,15 @@ def test_a_learned_router_also_reads_the_device_once(
     assert node.step()
     assert host_reads == ["tolist"]
     assert len(node.requests) == 4  # none failed: the head ran, on every row
+
+
+def test_a_published_r2r_router_also_reads_the_device_once(
+    tiny_models: dict[str, Path], tmp_path: Path, host_reads: list[str]
+) -> None:
+    path = tmp_path / "router.pt"
+    build(path, [32] * 6, normalize=True)
+    node = routing_engine(tiny_models["small"], "r2r", {"head": str(path)})
+    host_reads.clear()
+    assert node.step()
+    assert host_reads == ["tolist"]
+    assert len(node.requests) == 4

@@ -11,94 +11,20 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import shutil
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from trd.engines.engine import Engine
-from trd.engines.router import RoutingEngine
-from trd.engines.spec import EngineSpec
-from trd.ipc.names import FRONTEND
-from trd.policies.base import PolicyContext
-from trd.policies.factory import make_policy
-from trd.protocol import (
-    Done,
-    Emit,
-    FinishReason,
-    Message,
-    PeerReq,
-    SamplingParams,
-    Submit,
-    decode,
-    encode,
-)
-from trd.supervisor.generation import Generation
+from trd.protocol import FinishReason, SamplingParams
 from trd.tinymodels.tokenizer import VOCAB_SIZE
 
-from routing_cases import MODEL_SETS, jobs, prompts, reference, specs
-
-
-class Wiring:
-    """Engines + per-node inboxes; half the peer messages are duplicated out of order."""
-
-    def __init__(
-        self, paths: list[Path], policy: str, params: dict, seed: int, max_model_len: int = 0
-    ):
-        self.rng = random.Random(seed)
-        self.inbox: dict[int, list[Message]] = {n: [] for n in [FRONTEND, *range(len(paths))]}
-        self.engines = []
-        for spec in specs(
-            paths, policy, params, kv_tokens=8192, max_batch_tokens=256, max_model_len=max_model_len
-        ):
-            self.engines.append(self._engine(spec))
-        self.tracked: dict[int, Generation] = {}
-        self.injected = 0
-
-    def _engine(self, spec: EngineSpec) -> RoutingEngine:
-        eng = Engine(spec)
-        ctx = PolicyContext(spec.index, spec.num_models, eng.runner.model.model.embed_tokens)
-        return RoutingEngine(eng, make_policy(spec.policy, ctx), self._sender())
-
-    def _sender(self):
-        def send(node: int, msg: Message) -> None:
-            copy = decode(encode(msg))
-            box = self.inbox[node]
-            if isinstance(copy, PeerReq | Emit) and self.rng.random() < 0.5:
-                box.insert(self.rng.randrange(len(box) + 1), decode(encode(msg)))  # duplicate
-                self.injected += 1
-            box.append(copy)
-
-        return send
-
-    def submit(self, rid: int, prompt: list[int], params) -> None:
-        self.tracked[rid] = Generation(rid, len(prompt))
-        self.inbox[0].append(Submit(rid, np.asarray(prompt, np.int32), params))
-
-    def tick(self) -> None:
-        node = self.rng.randrange(len(self.engines))
-        box = self.inbox[node]
-        take = self.rng.randint(0, len(box))
-        for msg in box[:take]:
-            self.engines[node].inbox.handle(msg)
-        del box[:take]
-        if self.rng.random() < 0.7:
-            self.engines[node].step()
-        for msg in self.inbox[FRONTEND]:
-            if isinstance(msg, Emit):
-                self.tracked[msg.rid].on_emit(msg)
-            elif isinstance(msg, Done):
-                self.tracked[msg.rid].on_done(msg)
-        self.inbox[FRONTEND].clear()
-        for e in self.engines:
-            e.engine.check_integrity()
-
+from inprocess_wiring import Wiring, assert_matches, run_all
+from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference
 
 CASES = [
     ("rstitch", {"threshold": 0.78}, 2),
@@ -107,6 +33,7 @@ CASES = [
     ("rstitch", {"threshold": 0.78}, 3),
     ("scripted", {"schedule": [2, 0, 1, 1, 0, 2, 2]}, 3),
     ("ensemble", {"weights": [0.5, 0.2, 0.3], "seed": 3}, 3),
+    ("glimp", GLIMP, 2),
 ]
 
 
@@ -118,33 +45,10 @@ def test_interleavings_match_the_reference(
     work = jobs(paths[0])[2:10]  # the short ones: interleavings matter here, not length
     expected = reference(paths, policy, params, work)
     wiring = Wiring(paths, policy, params, seed=n_models)
-    _run_all(wiring, work)
-    _assert_matches(wiring, expected)
+    run_all(wiring, work)
+    assert_matches(wiring, expected)
     assert wiring.injected > 0
     assert sum(g.duplicates for g in wiring.tracked.values()) > 0  # Emits came twice, ignored
-
-
-def _run_all(wiring: Wiring, work: list) -> None:
-    for rid, (prompt, sp) in enumerate(work):
-        wiring.submit(rid, prompt, sp)
-    for _ in range(200000):
-        if all(t.complete and t.all_done for t in wiring.tracked.values()):
-            break
-        wiring.tick()
-
-
-def _assert_matches(wiring: Wiring, expected: list) -> None:
-    for rid, trace in enumerate(expected):
-        got = wiring.tracked[rid]
-        assert got.tokens == trace.tokens, f"request {rid}"
-        assert got.models == trace.models, f"request {rid}"
-        assert got.finish == trace.finish
-        fed = {m: d.fed_tokens for m, d in got.dones.items()}
-        assert fed == trace.fed, f"request {rid}: fed tokens per model"
-    for e in wiring.engines:
-        assert not e.requests
-        alloc = e.engine.scheduler.allocator
-        assert alloc.num_free == alloc.num_pages
 
 
 def test_an_engine_expects_a_return_while_its_request_is_away(
@@ -224,8 +128,8 @@ def test_padded_vocabularies_route_exactly_and_never_emit_padding(
     assert raw.shape[1] == VOCAB_SIZE + PAD_ROWS and (raw.argmax(-1) >= VOCAB_SIZE).any()
     expected = reference(paths, policy, params, work)
     wiring = Wiring(paths, policy, params, seed=5)
-    _run_all(wiring, work)
-    _assert_matches(wiring, expected)
+    run_all(wiring, work)
+    assert_matches(wiring, expected)
     outputs = [t for g in wiring.tracked.values() for t in g.tokens]
     assert outputs and max(outputs) < VOCAB_SIZE
     switches = {(a, b) for g in wiring.tracked.values() for a, b in itertools.pairwise(g.models)}

@@ -21,7 +21,7 @@ from trd.policies.heads import save_random_head
 from trd.protocol import FinishReason, SamplingParams
 from trd.supervisor.group import EngineGroup, EngineStartError, run_closed_loop
 
-from routing_cases import MODEL_SETS, jobs, reference, specs
+from routing_cases import GLIMP, MODEL_SETS, jobs, reference, specs
 
 
 def shm_segments(prefix: str) -> list[str]:
@@ -52,13 +52,14 @@ def cases(heads: dict[str, Path]) -> list[tuple[str, dict[str, Any], int]]:
         ("citer", {"head": str(heads["citer"]), "threshold": 0.5}, 2),
         ("r2r", {"head": str(heads["r2r"]), "threshold": 0.5}, 2),
         ("collm", {"head": str(heads["collm"]), "threshold": 0.5}, 2),
+        ("glimp", GLIMP, 2),
         ("ensemble", {"weights": [0.5, 0.2, 0.3], "seed": 3}, 3),
         ("scripted", {"schedule": [2, 0, 1, 1, 0, 2, 2]}, 3),
     ]
 
 
 # Two-model ensemble and scripted runs are covered in-process (test_routing_inprocess).
-CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "ensemble-3", "scripted-3"]
+CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "glimp", "ensemble-3", "scripted-3"]
 
 
 @pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)

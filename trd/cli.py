@@ -1,6 +1,7 @@
 """trctl: look at and steer a running tokenrouterd through its admin API.
 
-    trctl status [--json]                         engines, memory, queues, rates, thresholds
+    trctl status [--json]                         engines, memory, queues, rates, thresholds,
+                                                  the large-model share control if set
     trctl thresholds                              the delayed-batching thresholds
     trctl thresholds --set small=1 large=1,2,4 [--max-wait-ms 20]    change them live
     trctl thresholds --recommend [--apply]        the Markov model's choice from live figures
@@ -111,8 +112,18 @@ def format_status(s: dict[str, Any]) -> str:
             e["thresholds"],
         ])  # fmt: skip
     wait = s["thresholds"]["max_wait_ms"]
+    if s.get("share"):
+        head.append(format_share(s["share"]))
     return "\n".join([*head, format_mps(s["mps"]), "", table(rows), f"max_wait_ms {wait:g}", "",
                       "memory plan:", s["memory_plan_table"]])  # fmt: skip
+
+
+def format_share(c: dict[str, Any]) -> str:
+    """The share control's line: target, measured share, the threshold it holds now."""
+    measured = "-" if c["measured"] is None else f"{c['measured']:.1%}"
+    tau = "-" if c["threshold"] is None else f"{c['threshold']:.4g}"
+    return (f"large-model share: target {c['target']:.1%}, measured {measured} (last "
+            f"{c['window_s']:g} s), threshold {tau} ({c['moves']} moves)")  # fmt: skip
 
 
 def format_mps(m: dict[str, Any]) -> str:

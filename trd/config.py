@@ -9,7 +9,8 @@
     models: [{name, path, dtype, remote}, ...]     first = entry model
                                     remote: HOST:PORT = served by `tokenrouterd engine` there
     remote_token: a secret both hosts share (required with a remote model)
-    policy: {name: rstitch, <the policy's params: trd/policies/params.py>}
+    policy: {name: rstitch, <the policy's params: trd/policies/params.py>,
+             target_large_share: 0 < s < 1 (a policy with a threshold: held by the daemon)}
     batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
     engine: {<trd/engines/spec.py EngineSettings: each key, default and check>}
     shutdown: {grace_s: 30}         restart: {max_retries: 3, backoff_s: 1.0}
@@ -40,7 +41,8 @@ from trd.config_reader import ConfigError, Section, fail
 from trd.engines.spec import BatchingSettings, EngineSettings, SettingError, check_cuda_dtype
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
 from trd.models.tokenizers import TOKENIZER_FILE, chat_template, first_difference, read_tokenizer
-from trd.policies.params import PolicyError, PolicySpec, parse_policy
+from trd.policies.pair import check_head_pair
+from trd.policies.params import GatedParams, PolicyError, PolicySpec, parse_policy
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
@@ -199,7 +201,7 @@ def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
         memory=_memory(Section("memory", top.get("memory", {}))),
         max_inflight=max_inflight,
         stall_timeout_s=top.number("stall_timeout_s", 120.0, low=1.0),
-        policy=_policy(policy, len(models)),
+        policy=_policy(policy, models),
         thresholds=_thresholds(
             batching.get("thresholds", {}), [m.name for m in models], max_inflight
         ),
@@ -267,11 +269,15 @@ def _settings(cls: type[S], sec: Section) -> S:
         raise ConfigError(str(exc)) from None
 
 
-def _policy(sec: Section, num_models: int) -> PolicySpec:
+def _policy(sec: Section, models: tuple[ModelEntry, ...]) -> PolicySpec:
     name = sec.string("name", "rstitch")
     params = sec.rest()
     try:
-        parse_policy(name, params, num_models)
+        parsed = parse_policy(name, params, len(models))
+        # A trained head names its pair; another pair's head is refused here, at start.
+        small, large = models[0], models[-1]
+        if isinstance(parsed, GatedParams) and small.checkpoint and large.checkpoint:
+            check_head_pair(Path(parsed.head), small.path, large.path)
     except PolicyError as exc:
         raise ConfigError(str(exc)) from None
     return PolicySpec(name, params)

@@ -44,8 +44,8 @@ class ReferenceRouter:
         self.eos = entry.config.eos_token_ids
         self.vocab = entry.vocab_limit  # as the engines: padding rows are never sampled
         self.policies: list[RoutingPolicy] = [
-            make_policy(policy, PolicyContext(i, len(paths), m.get_input_embeddings()))
-            for i, m in enumerate(self.models)
+            make_policy(policy, PolicyContext(i, len(paths), m.get_input_embeddings(), Path(p)))
+            for i, (m, p) in enumerate(zip(self.models, paths, strict=True))
         ]
 
     @torch.inference_mode()

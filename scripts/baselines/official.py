@@ -51,9 +51,10 @@ class OfficialRouter:
         ]
         self.policies: list[RoutingPolicy] = [
             make_policy(
-                PolicySpec(policy, params), PolicyContext(i, len(paths), m.get_input_embeddings())
+                PolicySpec(policy, params),
+                PolicyContext(i, len(paths), m.get_input_embeddings(), Path(p)),
             )
-            for i, m in enumerate(self.models)
+            for i, (m, p) in enumerate(zip(self.models, paths, strict=True))
         ]
 
     @torch.inference_mode()

@@ -97,6 +97,7 @@ def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
         "model": spec.index, "name": spec.name, "pid": os.getpid(),
         "path": str(spec.checkpoint.path), "dtype": spec.dtype, "device": spec.device,
         "policy": {"name": spec.policy.name, **spec.policy.params},
+        "policy_threshold": node.policy.threshold,
         "running": states.count(State.RUNNING), "waiting": states.count(State.WAITING),
         "pending": states.count(State.PENDING), "kv_pages_total": alloc.num_pages,
         "kv_pages_used": alloc.num_pages - alloc.num_free, "page_size": alloc.page_size,
@@ -114,6 +115,9 @@ def handle_control(node: RoutingEngine, body: str) -> None:
             node.launch.set(list(cmd["thresholds"]), float(cmd["max_wait_ms"]))
             log.info("thresholds now %s, max_wait_ms %s", node.launch.thresholds,
                      node.launch.max_wait * 1e3)  # fmt: skip
+        elif cmd.get("op") == "set_policy_threshold":  # the daemon's share control
+            node.policy.set_threshold(float(cmd["threshold"]))
+            log.info("policy threshold now %.6g", node.policy.threshold)
         elif cmd.get("op") == "drop_all":  # a remote engine's daemon is gone
             rids = list(node.requests)
             for rid in rids:
@@ -128,7 +132,8 @@ def handle_control(node: RoutingEngine, body: str) -> None:
 def build(spec: EngineSpec, outbox: Outbox, counters: Counters | None) -> RoutingEngine:
     engine = Engine(spec)
     embed = engine.runner.model.model.embed_tokens
-    policy = make_policy(spec.policy, PolicyContext(spec.index, spec.num_models, embed))
+    ctx = PolicyContext(spec.index, spec.num_models, embed, spec.checkpoint.path)
+    policy = make_policy(spec.policy, ctx)
     return RoutingEngine(engine, policy, outbox.send, counters)
 
 

@@ -5,7 +5,9 @@ cross-origin request to 127.0.0.1. So every request that carries an `Origin` hea
 refused, a POST must be `application/json` (not a simple request), and with
 `admin_token` set every request needs `Authorization: Bearer <token>`.
 
-GET  /status       engines, memory plan, KV pages, MPS, active requests, rates, thresholds
+GET  /status       engines, memory plan, KV pages, MPS, active requests, rates, thresholds,
+                   and with `policy.target_large_share` the share control (target, measured
+                   share, threshold in force: trd/supervisor/share.py)
 GET  /thresholds   delayed-batching thresholds: what is set and what each engine reports
 POST /thresholds   {"thresholds": {"large": [1, 2, 4]}, "max_wait_ms": 20}: apply live
 GET  /thresholds/recommend   the Markov model's best thresholds from live measurements
@@ -32,8 +34,10 @@ from trd.engines.spec import EngineSpec
 from trd.frontend.app import Handler, openai_errors, read_json
 from trd.frontend.openai_api import ApiError
 from trd.memplan.plan import MemoryPlan
+from trd.policies.params import THRESHOLDS, target_share
 from trd.supervisor.hub import Hub
 from trd.supervisor.keeper import EngineKeeper
+from trd.supervisor.share import TICK_S, ShareControl
 from trd.thresholds.live import recommend_live
 
 log = logging.getLogger("trd.admin")
@@ -110,6 +114,10 @@ class AdminApi:
         self.sup, self.hub, self.plan, self.mps = sup, hub, plan, mps
         self.rates = Rates()
         self.started = time.time()
+        target = target_share(sup.cfg.policy)
+        self.share = (
+            None if target is None else ShareControl(target, THRESHOLDS[sup.cfg.policy.name])
+        )
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[openai_errors, guard(self.sup.cfg.admin_token)])
@@ -121,7 +129,30 @@ class AdminApi:
         app.cleanup_ctx.append(self._sampler)
         if self.sup.cfg.batching.auto_interval_s > 0:
             app.cleanup_ctx.append(self._autotuner)
+        if self.share is not None:
+            app.cleanup_ctx.append(self._share_loop)
         return app
+
+    async def _share_loop(self, app: web.Application) -> AsyncIterator[None]:
+        """`policy.target_large_share`: move the policy's threshold toward the target."""
+        share = self.share
+        assert share is not None
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(TICK_S)
+                stats = self.sup.engine_stats()
+                names = [s.name for s in self.sup.specs]
+                ordered = [stats[n] for n in names] if set(names) <= set(stats) else []
+                tau = share.observe(time.monotonic(), ordered)
+                if tau is not None:
+                    self.sup.set_policy_threshold(tau)
+
+        task = asyncio.get_running_loop().create_task(loop())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def _recommendation(self) -> dict[str, Any]:
         stats = self.sup.engine_stats()
@@ -217,6 +248,7 @@ class AdminApi:
             "policy": {"name": cfg.policy.name, **cfg.policy.params}, "mps": asdict(self.mps),
             "handoffs_per_s": sum(handoffs) if handoffs else None,
             "engines": engines, "thresholds": self._threshold_view(),
+            "share": None if self.share is None else self.share.view(),
             "memory_plan": self.plan.to_dict(), "memory_plan_table": self.plan.to_table(),
         }  # fmt: skip
         return web.json_response(body)

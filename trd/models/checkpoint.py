@@ -34,7 +34,14 @@ DEFAULT_CONTEXT = {"qwen3": 32768, "qwen2": 32768, "llama": 2048}
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 
-__all__ = ["DTYPES", "Checkpoint", "CheckpointError", "ModelConfig", "read_checkpoint"]
+__all__ = [
+    "DTYPES",
+    "Checkpoint",
+    "CheckpointError",
+    "ModelConfig",
+    "read_checkpoint",
+    "safetensors_header",
+]
 
 
 def dtype_size(dtype: str) -> int:
@@ -243,8 +250,8 @@ def _eos_ids(eos: Any) -> tuple[int, ...]:
     return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
 
 
-def _tensor_elements(path: Path) -> int:
-    """Total elements of the tensors a safetensors file's header lists."""
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor entries and `__metadata__`)."""
     with path.open("rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
@@ -261,8 +268,13 @@ def _tensor_elements(path: Path) -> int:
         raise CheckpointError(f"{path}: safetensors header is not valid JSON") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: safetensors header is not a JSON object")
+    return header
+
+
+def _tensor_elements(path: Path) -> int:
+    """Total elements of the tensors a safetensors file's header lists."""
     total = 0
-    for name, info in header.items():
+    for name, info in safetensors_header(path).items():
         if name == "__metadata__":
             continue
         shape = info.get("shape") if isinstance(info, dict) else None

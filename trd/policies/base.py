@@ -16,6 +16,9 @@ Deduplication of peer messages is the engine's job (by
 A policy that carries per-request state across a handoff (a step-level router's mode,
 a router's features) writes it in `send` (bytes riding on the handoff) and reads it in
 `receive` (called once per handoff the engine accepted); both default to nothing.
+
+A policy with a threshold reports it (`threshold`) and takes a new one live
+(`set_threshold`): the daemon's share control (`target_large_share`) steers it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -72,6 +76,7 @@ class PolicyContext:
     model: int  # index of the model this engine runs (0 = entry/small)
     num_models: int
     embed: Callable[[torch.Tensor], torch.Tensor]  # token ids -> input embeddings
+    model_dir: Path | None = None  # this model's checkpoint folder (its tokenizer, config)
 
     @property
     def last(self) -> int:
@@ -106,6 +111,28 @@ class RoutingPolicy(ABC):
 
     def receive(self, req: RequestView, extra: bytes) -> None:  # noqa: B027 - optional hook
         """`req` arrived here with `extra` from the sender's `send`."""
+
+    @property
+    def threshold(self) -> float | None:
+        """The threshold in force, for policies that have one."""
+        return None
+
+    def set_threshold(self, tau: float) -> None:
+        """Decide with `tau` from the next step on (the daemon's share control)."""
+        raise ValueError(f"policy {self.name!r} has no threshold")
+
+
+class ThresholdPolicy(RoutingPolicy):
+    """A policy that decides by comparing a score with one threshold, `tau`."""
+
+    tau: float
+
+    @property
+    def threshold(self) -> float | None:
+        return self.tau
+
+    def set_threshold(self, tau: float) -> None:
+        self.tau = tau
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from trd.policies.base import PolicyContext, RoutingPolicy
 from trd.policies.gated import CiterPolicy, CoLLMPolicy, R2RPolicy
+from trd.policies.glimp import GlimpPolicy
 from trd.policies.params import PolicySpec, parse_policy
 from trd.policies.rstitch import RStitchPolicy
 from trd.policies.schedule import EnsemblePolicy, ScriptedPolicy
 
 POLICIES: dict[str, type[RoutingPolicy]] = {
     cls.name: cls
-    for cls in (RStitchPolicy, CiterPolicy, R2RPolicy, CoLLMPolicy, EnsemblePolicy, ScriptedPolicy)
+    for cls in (
+        RStitchPolicy,
+        CiterPolicy,
+        R2RPolicy,
+        CoLLMPolicy,
+        GlimpPolicy,
+        EnsemblePolicy,
+        ScriptedPolicy,
+    )
 }
 
 

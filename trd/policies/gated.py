@@ -6,6 +6,10 @@ last (large) model, which makes that one token and hands the request back:
     citer  confidence = head(h);                    escalate when confidence < tau
     r2r    divergence = head(h, emb(token), topk);  escalate when divergence >= tau
     collm  deferral   = sigmoid(w . h + b);         escalate when deferral > tau
+
+The head is our format (trd/policies/heads.py), trained by scripts/train_router.py for
+one pair; r2r also reads the routers R2R publishes (trd/policies/r2r_file.py). Without
+`threshold` in the config, the one stored in the head file is used.
 """
 
 from __future__ import annotations
@@ -21,43 +25,68 @@ from trd.policies.base import (
     Route,
     RouteBatch,
     Routes,
-    RoutingPolicy,
     StepView,
+    ThresholdPolicy,
 )
-from trd.policies.heads import load_head
-from trd.policies.params import GatedParams
+from trd.policies.heads import RouterHead, load_head
+from trd.policies.pair import model_identity
+from trd.policies.params import GatedParams, PolicyError
+from trd.policies.r2r_file import R2RRouter, is_torch_file, load_r2r_router
 
 
-class GatedPolicy(RoutingPolicy):
+class GatedPolicy(ThresholdPolicy):
     def __init__(self, ctx: PolicyContext, params: GatedParams) -> None:
         super().__init__(ctx)
-        self.tau = params.threshold
-        head = params.head
-        self.head = load_head(Path(head), self.name) if ctx.model == 0 else None
-        if self.head is None:
+        self.head: RouterHead | R2RRouter | None = None
+        self.given = params.threshold is not None  # else the head's, read by the entry engine
+        self.tau = params.threshold if params.threshold is not None else 0.0
+        if ctx.model != 0:
             return  # only the entry model scores positions
+        path = Path(params.head)
         hidden = ctx.embed(torch.zeros(1, dtype=torch.long)).shape[-1]
-        if self.head.in_features != self.num_features(hidden):
-            raise ValueError(
-                f"policy {self.name!r}: router head {head} takes {self.head.in_features} inputs, "
-                f"this model gives {self.num_features(hidden)} (hidden size {hidden})"
-            )
+        self.head = self.load(path, hidden)
+        if params.threshold is None:
+            if self.head.threshold is None:
+                raise PolicyError(f"policy.threshold: not given, and the head {str(path)!r} "
+                                  "stores none (an untrained head): give one")  # fmt: skip
+            self.tau = self.head.threshold
 
-    def num_features(self, hidden: int) -> int:
+    def load(self, path: Path, hidden: int) -> RouterHead | R2RRouter:
+        head = load_head(path, self.name)
+        if head.in_features != self.num_features(hidden, head.top_k):
+            raise PolicyError(
+                f"policy.head: {str(path)!r}: router head takes {head.in_features} inputs, "
+                f"this model gives {self.num_features(hidden, head.top_k)} (hidden size {hidden})"
+            )
+        small = self.ctx.model_dir
+        if head.pair is not None and small is not None and model_identity(small) != head.pair.small:
+            raise PolicyError(
+                f"policy.head: {str(path)!r}: trained with the small model of the pair "
+                f"{head.pair.names or '?'}, not with {small} (config.json or tokenizer.json "
+                "differ)"
+            )
+        return head
+
+    @property
+    def threshold(self) -> float | None:
+        """None on an engine that neither reads the head nor was given a threshold."""
+        return self.tau if self.head is not None or self.given else None
+
+    def set_threshold(self, tau: float) -> None:
+        self.tau, self.given = tau, True
+
+    def num_features(self, hidden: int, top_k: int) -> int:
         return hidden
 
-    def features(self, step: StepView) -> torch.Tensor:
-        return step.hidden
-
-    def escalate(self, score: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
     def scores(self, step: StepView) -> torch.Tensor:
-        assert self.head is not None
-        x = self.features(step)
+        assert isinstance(self.head, RouterHead)
+        x = step.hidden
         if self.head.layers[0][0].dtype != x.dtype:
             self.head = self.head.to(x.dtype, x.device)
         return self.head(x)
+
+    def escalate(self, score: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def route(self, reqs: Sequence[RequestView], step: StepView) -> Routes:
         if self.ctx.model != 0:
@@ -76,16 +105,33 @@ class CiterPolicy(GatedPolicy):
 class R2RPolicy(GatedPolicy):
     name = "r2r"
 
-    def num_features(self, hidden: int) -> int:
-        assert self.head is not None
-        return 2 * hidden + self.head.top_k
+    def load(self, path: Path, hidden: int) -> RouterHead | R2RRouter:
+        if not is_torch_file(path):
+            return super().load(path, hidden)
+        table = getattr(self.ctx.embed, "weight", None)  # an nn.Embedding in the engines
+        rows = table.shape[0] if isinstance(table, torch.Tensor) else 0
+        return load_r2r_router(path, hidden, rows)
 
-    def features(self, step: StepView) -> torch.Tensor:
+    def num_features(self, hidden: int, top_k: int) -> int:
+        return 2 * hidden + top_k
+
+    def scores(self, step: StepView) -> torch.Tensor:
         assert self.head is not None
-        tokens = step.tokens.to(step.hidden.device)
+        h = step.hidden
+        if isinstance(self.head, R2RRouter):
+            if self.head.dtype != h.dtype:
+                self.head = self.head.to(h.dtype, h.device)
+            top = torch.topk(step.logits, self.head.top_k, dim=-1).values.to(h.dtype)
+            tokens = step.tokens.to(h.device)
+            table = self.head.embed
+            emb = table[tokens] if table is not None else self.ctx.embed(tokens).to(h.dtype)
+            return self.head(h, emb, top)
         top = torch.topk(step.logits, self.head.top_k, dim=-1).values
-        emb = self.ctx.embed(tokens).to(step.hidden.dtype)
-        return torch.cat([step.hidden, emb, top.to(step.hidden.dtype)], dim=-1)
+        emb = self.ctx.embed(step.tokens.to(h.device)).to(h.dtype)
+        x = torch.cat([h, emb, top.to(h.dtype)], dim=-1)
+        if self.head.layers[0][0].dtype != x.dtype:
+            self.head = self.head.to(x.dtype, x.device)
+        return self.head(x)
 
     def escalate(self, score: torch.Tensor) -> torch.Tensor:
         return score >= self.tau

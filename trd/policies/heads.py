@@ -1,9 +1,16 @@
-"""Small learned router heads stored as safetensors.
+"""Small learned router heads stored as safetensors (our format).
 
 File format (one `.safetensors` file per head):
 
     tensors   layers.0.weight (out, in), layers.0.bias (out,), layers.1.weight, ...
-    metadata  {"kind": "citer" | "r2r" | "collm", "top_k": "<k>" (r2r only)}
+    metadata  kind        "citer" | "r2r" | "collm"
+              top_k       "<k>": top logits r2r reads ("0" for the others)
+              threshold   the threshold training chose, in the policy's own sense (citer:
+                          confidence below it escalates; r2r/collm: score at or above it);
+                          used when the config gives none (0.5 on untrained heads)
+              small, large, pair, pair_names   the pair it was trained on (trd/policies/
+                          pair.py); absent on untrained heads, which fit any pair
+              training    JSON: how it was trained (labels, counts, held-out recall/share)
 
 The head is an MLP: Linear, ReLU, Linear, ..., then a sigmoid on the single output.
 Inputs: citer and collm read the small model's last hidden state h; r2r reads
@@ -13,18 +20,32 @@ concat(h, embedding of the sampled token, top-k logits sorted descending).
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
+from trd.policies.pair import PairIdentity
+from trd.policies.params import PolicyError
+
 KINDS = ("citer", "r2r", "collm")
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class RouterHead:
-    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]], kind: str, top_k: int):
+    def __init__(
+        self,
+        layers: Layers,
+        kind: str,
+        top_k: int,
+        threshold: float | None = None,
+        pair: PairIdentity | None = None,
+    ) -> None:
         self.layers, self.kind, self.top_k = layers, kind, top_k
+        self.threshold, self.pair = threshold, pair
 
     @property
     def in_features(self) -> int:
@@ -32,15 +53,23 @@ class RouterHead:
 
     def to(self, dtype: torch.dtype, device: torch.device) -> RouterHead:
         moved = [(w.to(device, dtype), b.to(device, dtype)) for w, b in self.layers]
-        return RouterHead(moved, self.kind, self.top_k)
+        return RouterHead(moved, self.kind, self.top_k, self.threshold, self.pair)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, in) -> (B,) scores in (0, 1)."""
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in) -> (B,) pre-sigmoid outputs."""
         for i, (w, b) in enumerate(self.layers):
             x = torch.nn.functional.linear(x, w, b)
             if i < len(self.layers) - 1:
                 x = torch.relu(x)
-        return torch.sigmoid(x.squeeze(-1))
+        return x.squeeze(-1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in) -> (B,) scores in (0, 1)."""
+        return torch.sigmoid(self.logits(x))
+
+
+def _bad(path: Path, reason: str) -> PolicyError:
+    return PolicyError(f"policy.head: {str(path)!r}: {reason}")
 
 
 def load_head(path: Path, kind: str) -> RouterHead:
@@ -49,31 +78,60 @@ def load_head(path: Path, kind: str) -> RouterHead:
         with safe_open(path, framework="pt") as f:
             meta = f.metadata() or {}
     except (SafetensorError, OSError) as exc:
-        raise ValueError(f"router head {path}: cannot read safetensors ({exc})") from None
+        raise _bad(path, f"cannot read safetensors ({exc})") from None
     if meta.get("kind") != kind:
-        raise ValueError(f"router head {path}: metadata kind {meta.get('kind')!r}, need {kind!r}")
+        raise _bad(path, f"metadata kind {meta.get('kind')!r}, need {kind!r}")
     n = len([k for k in tensors if k.endswith(".weight")])
     try:
         layers = [(tensors[f"layers.{i}.weight"], tensors[f"layers.{i}.bias"]) for i in range(n)]
     except KeyError as exc:
-        raise ValueError(f"router head {path}: missing tensor {exc}") from None
+        raise _bad(path, f"missing tensor {exc}") from None
     if not layers or layers[-1][0].shape[0] != 1:
-        raise ValueError(f"router head {path}: the last layer must have one output")
-    return RouterHead(layers, kind, int(meta.get("top_k", "0")))
+        raise _bad(path, "the last layer must have one output")
+    try:
+        threshold = float(meta["threshold"]) if "threshold" in meta else None
+        top_k = int(meta.get("top_k", "0"))
+    except ValueError as exc:
+        raise _bad(path, f"bad metadata ({exc})") from None
+    return RouterHead(layers, kind, top_k, threshold, PairIdentity.from_metadata(meta))
+
+
+def save_head(
+    path: Path,
+    kind: str,
+    layers: Layers,
+    top_k: int = 0,
+    threshold: float | None = None,
+    pair: PairIdentity | None = None,
+    training: dict[str, Any] | None = None,
+) -> Path:
+    """Write a head file; `pair` and `threshold` are what training chose it for."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown head kind {kind!r} (choose from {KINDS})")
+    tensors = {}
+    for i, (w, b) in enumerate(layers):
+        tensors[f"layers.{i}.weight"] = w.detach().float().contiguous()
+        tensors[f"layers.{i}.bias"] = b.detach().float().contiguous()
+    meta = {"kind": kind, "top_k": str(top_k)}
+    if threshold is not None:
+        meta["threshold"] = repr(float(threshold))
+    if pair is not None:
+        meta |= pair.metadata()
+    if training is not None:
+        meta["training"] = json.dumps(training, sort_keys=True)
+    save_file(tensors, path, metadata=meta)
+    return path
 
 
 def save_random_head(
     path: Path, kind: str, in_features: int, hidden: int, seed: int, top_k: int = 0
 ) -> Path:
-    """A seeded, untrained head (for tests and demos until heads are trained)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown head kind {kind!r} (choose from {KINDS})")
+    """A seeded, untrained head: no pair (it fits any), threshold 0.5 (the score's middle);
+    for tests, and the baseline trained heads must beat."""
     gen = torch.Generator().manual_seed(seed)
     sizes = [in_features, 1] if kind == "collm" else [in_features, hidden, 1]
-    tensors = {}
-    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
-        scale = fan_in**-0.5
-        tensors[f"layers.{i}.weight"] = torch.randn(fan_out, fan_in, generator=gen) * scale
-        tensors[f"layers.{i}.bias"] = torch.randn(fan_out, generator=gen) * 0.1
-    save_file(tensors, path, metadata={"kind": kind, "top_k": str(top_k)})
-    return path
+    layers = []
+    for fan_in, fan_out in itertools.pairwise(sizes):
+        w = torch.randn(fan_out, fan_in, generator=gen) * fan_in**-0.5
+        layers.append((w, torch.randn(fan_out, generator=gen) * 0.1))
+    return save_head(path, kind, layers, top_k, threshold=0.5)

@@ -2,7 +2,9 @@
 
 The config reader checks `policy:` here at start (and `tokenrouterd --check`), so a
 typo or an out-of-range value is refused with its key before any engine loads; the
-engines build their policy from the same checked object.
+engines build their policy from the same checked object. A policy with a threshold
+(THRESHOLDS) also takes `target_large_share`, which the daemon's share control reads
+(trd/supervisor/share.py); the policy itself never sees it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ class PolicySpec:
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
+
+
+GLIMP_MAX_H = math.log(20)  # the entropy of a uniform top-20 distribution, in nats
 
 
 class PolicyError(ValueError):
@@ -45,15 +50,39 @@ class RStitchParams:
 
 @dataclass(frozen=True, slots=True)
 class GatedParams:
-    head: str = ""  # router head file (safetensors), read by the entry engine
-    threshold: float = 0.5
+    # Router file read by the entry engine: our head (.safetensors, trd/policies/heads.py)
+    # or, for r2r, a router R2R publishes (torch.save, trd/policies/r2r_file.py).
+    head: str = ""
+    threshold: float | None = None  # None: the threshold stored in the head file
 
     def check(self, num_models: int) -> GatedParams:
         if num_models < 2:
             raise _fail("name", "gated", "needs at least two models")
         if not isinstance(self.head, str) or not Path(self.head).is_file():
             raise _fail("head", self.head, "expected the path of a router head file")
-        return GatedParams(self.head, _fraction("threshold", self.threshold))
+        tau = None if self.threshold is None else _fraction("threshold", self.threshold)
+        return GatedParams(self.head, tau)
+
+
+@dataclass(frozen=True, slots=True)
+class GlimpParams:
+    threshold: float = 1.0  # nats: top-20 entropy of a step's first token at or above it
+    step_tokens: int = 512  # a step without a blank line ends after this many tokens
+    think_end: str | None = None  # None: "</think>" if the tokenizer has it
+
+    def check(self, num_models: int) -> GlimpParams:
+        if num_models < 2:
+            raise _fail("name", "glimp", "needs at least two models")
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= GLIMP_MAX_H:
+            raise _fail("threshold", t, f"expected a number in [0, ln 20 = {GLIMP_MAX_H:.4f}]")
+        n = self.step_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise _fail("step_tokens", n, "expected an integer >= 1")
+        end = self.think_end
+        if end is not None and (not isinstance(end, str) or not end):
+            raise _fail("think_end", self.think_end, "expected the text of one token")
+        return GlimpParams(float(t), n, self.think_end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +126,36 @@ class EnsembleParams:
         return EnsembleParams(tuple(float(x) / total for x in w), self.seed)
 
 
-Params = RStitchParams | GatedParams | ScriptedParams | EnsembleParams
+Params = RStitchParams | GatedParams | GlimpParams | ScriptedParams | EnsembleParams
 PARAMS: dict[str, type[Params]] = {
     "rstitch": RStitchParams,
     "citer": GatedParams,
     "r2r": GatedParams,
     "collm": GatedParams,
+    "glimp": GlimpParams,
     "ensemble": EnsembleParams,
     "scripted": ScriptedParams,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class ThresholdScale:
+    """Where a policy's threshold lives and which way it moves the large model's share."""
+
+    low: float
+    high: float
+    raises_share: bool  # a higher threshold sends more tokens to the large model
+
+
+# The policies with a threshold, which `target_large_share` can steer.
+THRESHOLDS = {
+    "rstitch": ThresholdScale(0.0, 1.0, False),  # escalate when entropy > tau
+    "citer": ThresholdScale(0.0, 1.0, True),  # escalate when confidence < tau
+    "r2r": ThresholdScale(0.0, 1.0, False),  # escalate when divergence >= tau
+    "collm": ThresholdScale(0.0, 1.0, False),  # escalate when deferral > tau
+    "glimp": ThresholdScale(0.0, GLIMP_MAX_H, False),  # large writes when entropy >= tau
+}
+TARGET_KEY = "target_large_share"
 
 
 def parse_policy(name: str, raw: dict[str, Any], num_models: int) -> Params:
@@ -113,8 +163,19 @@ def parse_policy(name: str, raw: dict[str, Any], num_models: int) -> Params:
     if name not in PARAMS:
         raise _fail("name", name, f"unknown policy (choose from {sorted(PARAMS)})")
     cls = PARAMS[name]
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in fields(cls)} | ({TARGET_KEY} if name in THRESHOLDS else set())
     for key in raw:
         if key not in known:
             raise _fail(str(key), raw[key], f"unknown parameter of {name} (known: {sorted(known)})")
-    return cls(**raw).check(num_models)
+    target_share(PolicySpec(name, raw))
+    return cls(**{k: v for k, v in raw.items() if k != TARGET_KEY}).check(num_models)
+
+
+def target_share(spec: PolicySpec) -> float | None:
+    """The large model's share of committed tokens the daemon holds, if asked (else None)."""
+    value = spec.params.get(TARGET_KEY)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise _fail(TARGET_KEY, value, "expected a number strictly between 0 and 1")
+    return float(value)

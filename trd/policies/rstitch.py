@@ -18,14 +18,14 @@ from trd.policies.base import (
     PolicyContext,
     RequestView,
     RouteBatch,
-    RoutingPolicy,
     StepView,
+    ThresholdPolicy,
     normalized_entropy,
 )
 from trd.policies.params import RStitchParams
 
 
-class RStitchPolicy(RoutingPolicy):
+class RStitchPolicy(ThresholdPolicy):
     name = "rstitch"
 
     def __init__(self, ctx: PolicyContext, params: RStitchParams) -> None:

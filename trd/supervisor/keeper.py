@@ -28,6 +28,7 @@ from typing import Any
 
 from trd.config import Config
 from trd.logs import StderrTap
+from trd.policies.params import PolicySpec
 from trd.remote.spec import RemoteSpec
 from trd.supervisor.deployment import Spec
 from trd.supervisor.group import EngineGroup, EngineStartError
@@ -210,6 +211,18 @@ class EngineKeeper:
                     {"op": "set_thresholds", "thresholds": list(spec.thresholds),
                      "max_wait_ms": spec.batching.max_wait_ms},
                 )  # fmt: skip
+
+    def set_policy_threshold(self, tau: float) -> None:
+        """The routing policy decides with `tau` now, and in every engine started later."""
+        self.specs = tuple(
+            replace(s, policy=PolicySpec(s.policy.name, {**s.policy.params, "threshold": tau}))
+            for s in self.specs
+        )
+        if self.group is None:
+            return
+        for spec in self.specs:
+            if spec.index not in self.group.dead:
+                self.group.control(spec.index, {"op": "set_policy_threshold", "threshold": tau})
 
     # -- views ---------------------------------------------------------------------------
     def engine_stats(self) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,162 @@
+"""Quality against cost of every routing policy on one pair: threshold sweeps -> JSON, plots.
+
+    .venv/bin/python scripts/eval_routing.py --pair demo --heads routers/demo --out quality/demo
+    .venv/bin/python scripts/eval_routing.py --pair tiny --heads routers/tiny --out quality/tiny
+
+Curves: the entropy rule (rstitch), GlimpRouter (glimp), the trained citer/r2r/collm heads
+(from scripts/train_router.py's --out) and untrained heads of the same shapes (seeded,
+written to OUT/random/). Reference points: large-only and small-only. Every point runs
+the evaluation prompts (none of them seen in training) on real engine processes at
+concurrency --concurrency, greedy; measures in scripts/routerkit/sweep.py.
+
+Sweep points: each policy's thresholds are the quantiles of its score over the small
+model teacher-forced on the large-only answers that escalate --shares of the positions
+(an offline estimate: the measured share is what the plots use).
+
+Writes OUT/quality.json, OUT/quality_{identical,nll,handoffs_per_req,tok_s}.png and
+OUT/quality_table.md (identical fraction and NLL of each curve at equal large shares; and
+offline, on the same teacher-forced positions, the share of positions each score must
+escalate to catch 95% of the small model's mismatches: lower is a better ranking).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trd.policies.heads import load_head, save_random_head
+from trd.policies.params import PolicySpec
+from trd.protocol import SamplingParams
+
+from benchkit.pairs import load_pair
+from routerkit import data
+from routerkit.fit import recall_threshold
+from routerkit.prompts import prompts
+from routerkit.report import offline_table, plot, table
+from routerkit.sweep import Job, Judge, run, sweep
+from routerkit.sweep import group_for as start_group
+
+KINDS = ("citer", "r2r", "collm")
+TABLE_SHARES = (0.1, 0.2, 0.3, 0.4)  # the equal-share table's columns, refined toward
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--pair", choices=("demo", "tiny"), help="a known pair (else --small/--large)")
+    ap.add_argument("--small", type=Path)
+    ap.add_argument("--large", type=Path)
+    ap.add_argument("--heads", type=Path, required=True, help="train_router.py's --out folder")
+    ap.add_argument("--prompts", choices=("chat", "corpus"),
+                    help="default: corpus for --pair tiny, else chat")  # fmt: skip
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument(
+        "--shares",
+        default="0.1,0.2,0.3,0.45",
+        help="escalated fractions the sweep points aim at (offline estimate)",
+    )
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.pair:
+        found = load_pair(args.pair).models
+        args.small, args.large = args.small or found["small"], args.large or found["large"]
+    if not (args.small and args.large):
+        ap.error("give --pair, or --small and --large")
+    args.prompts = args.prompts or ("corpus" if args.pair == "tiny" else "chat")
+    return args
+
+
+def quantile_taus(score: torch.Tensor, shares: list[float], low_escalates: bool) -> list[float]:
+    """Thresholds escalating about each share of the positions."""
+    qs = shares if low_escalates else [1 - s for s in shares]
+    return sorted(float(torch.quantile(score.double(), q)) for q in qs)
+
+
+def head_scores(path: Path, kind: str, pos: data.Positions) -> torch.Tensor:
+    with torch.no_grad():
+        return load_head(path, kind)(pos.features(kind).float())
+
+
+def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -> list[Any]:
+    """(label, policy spec, thresholds, escalation score per position) of every curve."""
+    out: list[Any] = [
+        ("entropy rule", PolicySpec("rstitch"), quantile_taus(pos.entropy, shares, False),
+         pos.entropy),
+        ("glimp", PolicySpec("glimp"), quantile_taus(pos.probe, shares, False), pos.probe),
+    ]  # fmt: skip
+    hidden = pos.hidden.shape[1]
+    random_dir = args.out / "random"
+    random_dir.mkdir(parents=True, exist_ok=True)
+    for seed, kind in enumerate(KINDS, start=1):
+        width = 2 * hidden + pos.top.shape[1] if kind == "r2r" else hidden
+        top_k = pos.top.shape[1] if kind == "r2r" else 0
+        rand = save_random_head(random_dir / f"{kind}.safetensors", kind, width, 128, seed, top_k)
+        for label, path in ((f"{kind} trained", args.heads / f"{kind}.safetensors"),
+                            (f"random {kind}", rand)):  # fmt: skip
+            score = head_scores(path, kind, pos)
+            taus = quantile_taus(score, shares, kind == "citer")
+            up = 1 - score if kind == "citer" else score  # citer escalates low confidence
+            out.append((label, PolicySpec(kind, {"head": str(path)}), taus, up))
+    return out
+
+
+def alone(path: Path, jobs: list[Job], args: argparse.Namespace) -> tuple[list[Any], float]:
+    """One model serving the jobs by itself: (generations, seconds)."""
+    group = start_group([path], PolicySpec("scripted", {"schedule": [0]}), args.cpu_linear)
+    try:
+        return run(group, jobs, args.concurrency)
+    finally:
+        group.close()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # the engine processes use the cores
+    shares = [float(s) for s in args.shares.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    jobs: list[Job] = [(p, params) for p in prompts(args.prompts, "eval", args.small,
+                                                     args.num_prompts)]  # fmt: skip
+    large_only = alone(args.large, jobs, args)
+    judge = Judge(args.large, jobs, [g.tokens for g in large_only[0]])
+    points = []
+    for label, (gens, seconds) in (("large-only", large_only),
+                                   ("small-only", alone(args.small, jobs, args))):  # fmt: skip
+        point = judge.point(label, None, gens, seconds)
+        point.large_share = 1.0 if label == "large-only" else 0.0
+        print(f"{label}: identical {point.identical:.2f} nll {point.nll:.3f} "
+              f"{point.tok_s:.1f} tok/s", flush=True)  # fmt: skip
+        points.append(vars(point))
+    pos = data.teacher_force(args.small, [p for p, _ in jobs], judge.reference)
+    pair = [args.small, args.large]
+    offline = {}
+    for label, spec, taus, score in curves(args, pos, shares):
+        offline[label] = recall_threshold(score, pos.labels("citer"))[2]
+        points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
+                        TABLE_SHARES)  # fmt: skip
+    result = {
+        "small": str(args.small), "large": str(args.large), "prompts": len(jobs),
+        "prompt_source": args.prompts, "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency, "load_average": os.getloadavg(), "points": points,
+        "offline_share_at_recall_95": offline,
+    }  # fmt: skip
+    (args.out / "quality.json").write_text(json.dumps(result, indent=2))
+    title = f"{args.small.name} + {args.large.name}"
+    plot(points, args.out, title)
+    md = table(points, list(TABLE_SHARES)) + "\n\n" + offline_table(offline)
+    (args.out / "quality_table.md").write_text(md + "\n")
+    print(md)
+    print(f"wrote {args.out}", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

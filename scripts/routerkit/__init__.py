@@ -1,0 +1,1 @@
+"""Building blocks of `scripts/train_router.py` and `scripts/eval_routing.py`."""

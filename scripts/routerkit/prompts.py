@@ -1,0 +1,110 @@
+"""Prompts for training routers and for judging them, kept apart.
+
+chat    training: TRAIN_CHAT_PROMPTS below (written here, nothing downloaded);
+        judging: the bench kit's CHAT_PROMPTS (scripts/benchkit/chat_prompts.py), which
+        share no message with these. Both go through the small model's chat template.
+corpus  the fixture pair (trained on plain text): prompts cut from held-out fixture
+        documents, the first half of the documents for training, the second for judging.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from tokenizers import Tokenizer
+
+from trd.frontend.tokens import PromptEncoder
+from trd.tinymodels.corpus import corpus
+
+from benchkit.chat_prompts import CHAT_PROMPTS
+
+Source = Literal["chat", "corpus"]
+Split = Literal["train", "eval"]
+
+TRAIN_CHAT_PROMPTS = (
+    "Explain how a refrigerator keeps food cold.",
+    "Write a Python function that returns the largest number in a list.",
+    "What is 48 divided by 6? Explain briefly.",
+    "Give me four ideas for a rainy afternoon at home.",
+    "Write a short poem about a lighthouse.",
+    "What is the difference between a virus and a bacterium?",
+    "Summarise the story of Cinderella in three sentences.",
+    "How do I cook rice on the stove?",
+    "Explain what an API is to a beginner.",
+    "List five animals that live in the ocean.",
+    "Write a thank-you note to a teacher.",
+    "Why does ice float on water?",
+    "What are the benefits of regular exercise?",
+    "Translate 'Where is the train station?' into German.",
+    "Write a haiku about snow.",
+    "How does a rainbow form?",
+    "Explain what a for loop does, with a short example in Python.",
+    "What should I bring to a picnic?",
+    "Describe how bees make honey.",
+    "Write a SQL query that counts the rows in a table named users.",
+    "What is gravity?",
+    "Give me a simple plan to learn to play the guitar.",
+    "Tell me a short story about a dragon who is afraid of the dark.",
+    "How do plants get water from the soil?",
+    "Compare cats and dogs as pets in a few bullet points.",
+    "What is a prime number? Give three examples.",
+    "Write a limerick about a forgetful wizard.",
+    "Explain the difference between speed and velocity.",
+    "How can I stay focused while studying?",
+    "Write a shell command that lists the five largest files in a folder.",
+    "What was the Industrial Revolution, in a few sentences?",
+    "Suggest three names for a coffee shop.",
+    "Explain how the heart pumps blood.",
+    "Write a JavaScript function that reverses a string.",
+    "What is the square root of 144, and why?",
+    "Give me tips for writing a good resume.",
+    "Write a four-line poem about the moon.",
+    "What is the difference between RAM and storage?",
+    "Summarise the plot of The Three Little Pigs.",
+    "How do I make pancakes?",
+    "Explain what a binary search is.",
+    "Name four planets of the solar system and one fact about each.",
+    "Write a short message inviting friends to a birthday party.",
+    "Why do leaves change colour in autumn?",
+    "What are renewable energy sources?",
+    "Translate 'Thank you very much' into Italian and Portuguese.",
+    "Write a haiku about a city at night.",
+    "How does an airplane stay in the air?",
+    "Explain what a variable is in programming.",
+    "What should I do if I feel stressed before an exam?",
+    "Describe how a volcano erupts.",
+    "Write a regular expression that matches an email address, and explain it.",
+    "What is electricity?",
+    "Give me a three-day meal plan for a vegetarian.",
+    "Tell me a short story about a cat who becomes a detective.",
+    "How does the internet send a message from one computer to another?",
+    "List the pros and cons of working from home.",
+    "What is the area of a circle with radius 3?",
+    "Write a limerick about a dog who loves the beach.",
+    "Explain the difference between a simile and a metaphor.",
+    "How can I save money each month?",
+    "Write a Python one-liner that sums the squares of the numbers from 1 to 10.",
+    "What is democracy, briefly?",
+    "Suggest a name and a motto for a school robotics club.",
+)
+
+
+def prompts(source: Source, split: Split, small_dir: Path, count: int) -> list[list[int]]:
+    """Up to `count` prompts as token ids, of this source and split."""
+    if source == "chat":
+        texts = TRAIN_CHAT_PROMPTS if split == "train" else CHAT_PROMPTS
+        encoder = PromptEncoder(small_dir)
+        return [encoder.chat([{"role": "user", "content": t}]) for t in texts[:count]]
+    tok = Tokenizer.from_file(str(small_dir / "tokenizer.json"))
+    docs = corpus("heldout")
+    half = docs[: len(docs) // 2] if split == "train" else docs[len(docs) // 2 :]
+    out: list[list[int]] = []
+    for offset in range(0, 400, 48):  # several prompts per document, 24 tokens each
+        for doc in half:
+            ids = tok.encode(doc).ids[offset : offset + 24]
+            if len(ids) == 24:
+                out.append(ids)
+            if len(out) == count:
+                return out
+    return out

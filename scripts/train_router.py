@@ -1,0 +1,130 @@
+"""Train the citer, r2r and collm router heads for one small/large pair, on CPU.
+
+    .venv/bin/python scripts/train_router.py --pair demo --out routers/demo
+    .venv/bin/python scripts/train_router.py --small models/small --large models/large \\
+        --prompts chat --out routers/mine
+
+Data (scripts/routerkit/data.py): the large model answers the training prompts (greedy,
+our Engine, batched); the small model is teacher-forced over each prompt + answer, and
+each answer position gives its hidden state, top-100 logits, greedy token and that
+token's embedding. Labels: citer, collm: the small model's greedy token differs from the
+large model's (the large model, the teacher, is right on its own answer); r2r: such a
+mismatch whose greedy large-model continuation to the end of the sentence (or 32 tokens)
+differs from the one after the large model's own token.
+
+Training (scripts/routerkit/fit.py): BCE with pos_weight = negatives/positives; the
+threshold is R2R's: on held-out prompts, the lowest large-token share at recall >= 0.95.
+Written to OUT/{citer,r2r,collm}.safetensors in our head format, with the pair's
+identity (another pair refuses them: `policy.head`) and the chosen threshold (used when
+the config gives none), and OUT/training.json with every count and timing.
+
+Prompts: --prompts chat (the chat template; routerkit/prompts.py's training set, none
+shared with the bench's chat prompts that scripts/eval_routing.py judges on) or corpus
+(held-out fixture text: the fixture pair was trained on plain text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trd.policies.heads import save_head
+from trd.policies.pair import PairIdentity
+
+from benchkit.pairs import load_pair
+from routerkit import data
+from routerkit.fit import fit
+from routerkit.prompts import prompts
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--pair", choices=("demo", "tiny"), help="a known pair (else --small/--large)")
+    ap.add_argument("--small", type=Path, help="small model checkpoint folder")
+    ap.add_argument("--large", type=Path, help="large model checkpoint folder")
+    ap.add_argument("--prompts", choices=("chat", "corpus"),
+                    help="prompt source (default: corpus for --pair tiny, else chat)")  # fmt: skip
+    ap.add_argument("--num-prompts", type=int, default=64, help="training prompts (default 64)")
+    ap.add_argument("--max-tokens", type=int, default=96, help="answer length (default 96)")
+    ap.add_argument(
+        "--continuations",
+        type=int,
+        default=512,
+        help="r2r: about this many large-model continuations (default 512)",
+    )
+    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--cpu-linear",
+        choices=("onednn", "torch"),
+        default="onednn",
+        help="the large model's CPU linears in our Engine (default onednn)",
+    )
+    ap.add_argument("--out", type=Path, required=True, help="folder for the heads")
+    args = ap.parse_args(argv)
+    if args.pair:
+        found = load_pair(args.pair).models
+        args.small, args.large = args.small or found["small"], args.large or found["large"]
+    if not (args.small and args.large):
+        ap.error("give --pair, or --small and --large")
+    args.prompts = args.prompts or ("corpus" if args.pair == "tiny" else "chat")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0, times = time.perf_counter(), {}
+
+    def lap(name: str) -> None:
+        times[name] = round(time.perf_counter() - t0 - sum(times.values()), 2)
+        print(f"{name}: {times[name]:.1f} s", flush=True)
+
+    ps = prompts(args.prompts, "train", args.small, args.num_prompts)
+    engine = data.large_engine(args.large, args.cpu_linear)
+    answers = data.answer(engine, ps, args.max_tokens)
+    lap("large answers")
+    pos = data.teacher_force(args.small, ps, answers)
+    lap("small teacher-forced")
+    continued = data.label_divergence(engine, ps, answers, pos, args.continuations)
+    lap("r2r continuations")
+    args.out.mkdir(parents=True, exist_ok=True)
+    pair = PairIdentity.of(args.small, args.large)
+    summary: dict[str, Any] = {
+        "small": str(args.small), "large": str(args.large), "pair": pair.pair,
+        "prompts": len(ps), "prompt_source": args.prompts, "answer_tokens": len(pos.small),
+        "mismatches": int((pos.small != pos.large).sum()), "continuations": continued,
+        "divergent": int((pos.divergent == 1).sum()), "heads": {},
+    }  # fmt: skip
+    for kind in ("citer", "r2r", "collm"):
+        fitted = fit(kind, pos, args.epochs)
+        top_k = pos.top.shape[1] if kind == "r2r" else 0
+        path = save_head(args.out / f"{kind}.safetensors", kind, fitted.layers, top_k,
+                         fitted.threshold, pair, fitted.report)  # fmt: skip
+        summary["heads"][kind] = {"path": str(path), "threshold": fitted.threshold,
+                                  **fitted.report}  # fmt: skip
+        r = fitted.report
+        print(
+            f"{kind}: threshold {fitted.threshold:.4f}, held-out recall "
+            f"{r['heldout_recall']:.3f} at large share {r['heldout_large_share']:.3f} "
+            f"(entropy rule: {r['entropy_rule_share_at_same_recall']:.3f})",
+            flush=True,
+        )
+    lap("training")
+    summary["seconds"] = {**times, "total": round(time.perf_counter() - t0, 2)}
+    summary["load_average"] = os.getloadavg()
+    (args.out / "training.json").write_text(json.dumps(summary, indent=2))
+    print(f"wrote {args.out}: {', '.join(summary['heads'])} heads, training.json; "
+          f"{summary['seconds']['total']:.0f} s", flush=True)  # fmt: skip
+    return summary
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

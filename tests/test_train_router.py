@@ -1,0 +1,75 @@
+"""scripts/train_router.py on the fixture pair, small: heads that load, for this pair only,
+with the threshold R2R's rule chose; and that rule itself on known scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trd.config import ConfigError, from_dict
+from trd.policies.base import PolicyContext
+from trd.policies.factory import make_policy
+from trd.policies.heads import load_head
+from trd.policies.params import PolicySpec
+
+import train_router
+from routerkit.fit import recall_threshold
+
+
+def test_recall_rule_picks_the_highest_threshold_keeping_95_percent() -> None:
+    pos_scores = torch.linspace(0.05, 1.0, 20)  # 20 positives: 19 must stay routed
+    scores = torch.cat([pos_scores, torch.full((80,), 0.02), torch.tensor([0.5])])
+    y = torch.cat([torch.ones(20), torch.zeros(81)])
+    s, recall, share = recall_threshold(scores, y)
+    assert s == pytest.approx(0.1)  # the 19th highest positive score
+    assert recall == pytest.approx(0.95)
+    assert share == pytest.approx(20 / 101)  # 19 positives and the negative at 0.5
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("routers")
+    train_router.main([
+        "--small", str(tiny_models["small"]), "--large", str(tiny_models["large"]),
+        "--prompts", "corpus", "--num-prompts", "20", "--max-tokens", "24",
+        "--continuations", "96", "--epochs", "8", "--threads", "1", "--out", str(out),
+    ])  # fmt: skip
+    return out
+
+
+def test_trained_heads_load_with_their_threshold(
+    tiny_models: dict[str, Path], trained: Path
+) -> None:
+    summary = json.loads((trained / "training.json").read_text())
+    assert summary["answer_tokens"] == 20 * 24 and 0 < summary["mismatches"] < 20 * 24
+    assert 0 < summary["divergent"] <= summary["continuations"] <= summary["mismatches"]
+    assert set(summary["seconds"]) >= {"large answers", "r2r continuations", "total"}
+    embed = torch.nn.Embedding(2048, 64)
+    for kind in ("citer", "r2r", "collm"):
+        info = summary["heads"][kind]
+        assert info["heldout_recall"] >= 0.95 and info["heldout_large_share"] < 1.0
+        head = load_head(trained / f"{kind}.safetensors", kind)
+        assert head.threshold == pytest.approx(info["threshold"])
+        assert head.top_k == (100 if kind == "r2r" else 0)
+        ctx = PolicyContext(0, 2, embed, tiny_models["small"])
+        spec = PolicySpec(kind, {"head": str(trained / f"{kind}.safetensors")})
+        assert make_policy(spec, ctx).threshold == pytest.approx(info["threshold"])
+    # r2r's positives are mismatches whose continuations differ: fewer than citer's.
+    assert summary["heads"]["r2r"]["positives"] <= summary["heads"]["citer"]["positives"]
+
+
+def test_trained_heads_serve_their_pair_only(tiny_models: dict[str, Path], trained: Path) -> None:
+    def cfg(large: str) -> dict:
+        return {
+            "device": "cpu", "mps": "off",
+            "models": [{"name": n, "path": str(tiny_models[n]), "dtype": "float32"}
+                       for n in ("small", large)],
+            "policy": {"name": "r2r", "head": str(trained / "r2r.safetensors")},
+        }  # fmt: skip
+
+    from_dict(cfg("large"), trained)
+    with pytest.raises(ConfigError, match=r"policy.head: .*r2r.safetensors.*the large model"):
+        from_dict(cfg("mid"), trained)
