@@ -134,10 +134,12 @@ def large_share(answers: Sequence[Generation]) -> float:
     return sum(models) / max(1, len(models))
 
 
-def find_tau(paths: Sequence[Path], share: float, iterations: int) -> float:
+def find_tau(
+    paths: Sequence[Path], share: float, iterations: int, between: Sequence[float]
+) -> float:
     """Bisect tau (higher tau = fewer tokens from large) for the target large share."""
     prompts = chat_prompts(paths[1], TUNING_QUESTIONS)
-    low, high = 0.0, 1.0
+    low, high = between
     for _ in range(iterations):
         tau = (low + high) / 2
         got = large_share(routed(paths, tau, prompts))
@@ -278,6 +280,8 @@ def main() -> None:
     ap.add_argument("--tau", type=float, default=RSTITCH_TAU["smollm2"], help="R-Stitch threshold")
     ap.add_argument("--find-tau", type=float, metavar="SHARE", help="bisect tau for this share")
     ap.add_argument("--iterations", type=int, default=7, help="--find-tau: bisection steps")
+    ap.add_argument("--between", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
+                    help="--find-tau: the range to bisect (default: 0 1)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     ap.add_argument("--out", type=Path, default=Path("docs/demo.md"))
     args = ap.parse_args()
@@ -285,7 +289,9 @@ def main() -> None:
     paths = ensure_demo_pair().models if args.small is None or args.large is None else {}
     paths = {"small": args.small or paths["small"], "large": args.large or paths["large"]}
     if args.find_tau is not None:
-        tau = find_tau([paths["small"], paths["large"]], args.find_tau, args.iterations)
+        tau = find_tau(
+            [paths["small"], paths["large"]], args.find_tau, args.iterations, args.between
+        )
         print(f"tau for a {args.find_tau:.0%} large share: {tau:.4f}")
         return
     text = report(args, paths, args.tau)

@@ -171,6 +171,17 @@ def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, 
     assert (cfg.policy.name, cfg.device, str(cfg.listen), str(cfg.admin)) == (
         "rstitch", "cpu", "127.0.0.1:9000", "127.0.0.1:9001",
     )  # fmt: skip
+    held = Config.demo(pair, 9000, large_share=0.7)
+    assert held.policy.params == {"threshold": RSTITCH_TAU["tiny"], "target_large_share": 0.7}
+
+
+def test_demo_large_share_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert daemon_main(["--demo", "tiny", "--large-share", "1.5", "--check"]) == EXIT_CONFIG
+    assert "policy.target_large_share: 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        daemon_main(["--config", "x.yaml", "--large-share", "0.5"])
+    assert exc.value.code == 2
+    assert "--large-share goes with --demo" in capsys.readouterr().err
 
 
 def test_plan_caps_cpu_kv_and_sizes_every_engine(raw: dict[str, Any]) -> None:

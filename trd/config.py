@@ -146,8 +146,12 @@ class Config:
         return max(1, (os.cpu_count() or 1) // len(self.local))
 
     @classmethod
-    def demo(cls, pair: DemoPair, port: int) -> Config:
-        """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1."""
+    def demo(cls, pair: DemoPair, port: int, large_share: float | None = None) -> Config:
+        """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1; with
+        `large_share`, the share control holds the large model's share there."""
+        policy: dict[str, Any] = {"name": "rstitch", "threshold": pair.threshold}
+        if large_share is not None:
+            policy["target_large_share"] = large_share
         raw = {
             "listen": f"127.0.0.1:{port}",
             "admin": f"127.0.0.1:{port + 1}",
@@ -159,7 +163,7 @@ class Config:
                 {"name": name, "path": str(pair.models[name]), "dtype": "float32"}
                 for name in ("small", "large")
             ],
-            "policy": {"name": "rstitch", "threshold": pair.threshold},
+            "policy": policy,
             "shutdown": {"grace_s": 5},
         }
         return from_dict(raw, Path.cwd())

@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "SmolLM2-135M-Instruct and a 2-layer partner built from it (first start: "
                    "about 10 minutes, cached); tiny = the test fixtures")  # fmt: skip
     p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
+    p.add_argument("--large-share", type=float, metavar="SHARE",
+                   help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
+                   "by moving R-Stitch's threshold (default: a fixed threshold, ~25%%)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
@@ -72,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("give exactly one of --config FILE and --demo")
     if not 1 <= args.port <= 65534:
         p.error(f"--port: {args.port} is not in 1..65534")
+    if args.large_share is not None and args.demo is None:
+        p.error("--large-share goes with --demo (with --config: policy.target_large_share)")
     return args
 
 
@@ -80,7 +85,7 @@ def _config(args: argparse.Namespace) -> Config:
         return load_config(args.config)
     from trd.demo.pair import ensure_demo_pair  # imports / builds the pair once, cached
 
-    return Config.demo(ensure_demo_pair(args.demo), args.port)
+    return Config.demo(ensure_demo_pair(args.demo), args.port, args.large_share)
 
 
 def _exit_now(signum: int, frame: object) -> None:

@@ -14,7 +14,7 @@ DEMOS = ("smollm2", "tiny")
 # R-Stitch thresholds (on the small model's normalised entropy) that leave the large model
 # 20-30% of the output tokens: smollm2 on chat questions (`scripts/demo_quality.py
 # --find-tau 0.25`), tiny on held-out fixture text (`scripts/bench_routing.py`).
-RSTITCH_TAU = {"smollm2": 0.5, "tiny": 0.82}
+RSTITCH_TAU = {"smollm2": 0.46, "tiny": 0.82}
 # Longest prompt + output the demo serves: the fixtures were trained on 128-token windows
 # with a 1024-position RoPE table; SmolLM2 has 8192 positions, 2048 keeps the KV small.
 MAX_MODEL_LEN = {"smollm2": 2048, "tiny": 1024}
