@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
-                   "by moving R-Stitch's threshold (default: a fixed threshold, ~25%%)")  # fmt: skip
+                   "by moving R-Stitch's threshold (default: fixed, ~25%%)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
