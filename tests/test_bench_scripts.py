@@ -31,3 +31,21 @@ def test_bench_routing_reports_every_row(tiny_models: dict[str, Path], tmp_path:
         assert row["handoffs_per_request"] > 0 and row["handoff_us_p50"] > 0
         assert row["tok_s"] > 0 and row["reference_tok_s"] > 0
     assert "speedup" in run.stdout and f"wrote {out}" in run.stdout
+
+
+def test_share_run_samples_the_control_loop(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """The real-pair share run's script on the fixtures, briefly: it serves, samples the
+    admin API and writes them (convergence itself: test_share_control)."""
+    out = tmp_path / "share.json"
+    args = ["--pair", "tiny", "--target", "0.3", "--seconds", "20", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(SCRIPTS / "share_run.py"), *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["errors"] == 0 and result["target"] == 0.3
+    samples = result["samples"]
+    assert len(samples) >= 5 and samples[-1]["total"] > samples[0]["total"] > 0
+    assert samples[-1]["moves"] > 0 and samples[-1]["threshold"] < 0.9
+    assert f"wrote {out}" in run.stdout

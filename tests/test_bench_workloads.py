@@ -1,14 +1,11 @@
 """The benchmark's workloads and pair selection, without serving anything.
 
 The chat workload renders the written prompts through the model's own chat template,
-as the daemon's /v1/chat/completions does; `--pair demo` finds the real pair through
-`trd.demo.pair.ensure_demo_pair` and says so clearly when that module is missing.
+as the daemon's /v1/chat/completions does; `--pair demo|tiny` are `trd.demo.pair`'s pairs.
 """
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -51,17 +48,10 @@ def test_the_real_tokenizer_frames_each_chat_prompt() -> None:
         assert ids[: len(start)] == start and ids[-len(end) :] == end
 
 
-def test_the_demo_pair_comes_from_its_builder(
-    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "trd.demo.pair", None)  # import fails, as before it lands
-    with pytest.raises(SystemExit, match=r"no trd/demo/pair\.py"):
-        load_pair("demo")
-    found = {"small": tiny_models["small"], "large": tiny_models["large"]}
-    builder = types.SimpleNamespace(ensure_demo_pair=lambda: found)
-    monkeypatch.setitem(sys.modules, "trd.demo.pair", builder)
-    pair = load_pair("demo")
-    assert pair.models == found and pair.workloads == WORKLOADS["demo"]
+def test_pairs_are_the_demo_pairs(tiny_models: dict[str, Path]) -> None:
+    pair = load_pair("tiny", CACHE_DIR)
+    assert pair.models == {"small": tiny_models["small"], "large": tiny_models["large"]}
+    assert pair.workloads == WORKLOADS["tiny"]
     described = pair.describe()["models"]
     assert described["large"]["layers"] > described["small"]["layers"]
     with pytest.raises(ValueError, match="'big' is not one of demo, tiny"):

@@ -16,9 +16,11 @@ from trd.config import Address, Config, ConfigError, from_dict, load_config
 from trd.config_reader import Section
 from trd.daemon import EXIT_CONFIG
 from trd.daemon import main as daemon_main
+from trd.demo.pair import MAX_MODEL_LEN, RSTITCH_TAU, ensure_demo_pair
 from trd.memplan.plan import PlanError
 from trd.supervisor.deployment import plan_deployment, resolve_device
 
+CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 EXAMPLE = Path(__file__).resolve().parent.parent / "systemd" / "config.example.yaml"
 
 
@@ -160,11 +162,26 @@ def test_unreadable_or_non_mapping_files(tmp_path: Path) -> None:
 
 
 def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, Path]) -> None:
-    cfg = Config.demo(tiny_models, 9000)
+    pair = ensure_demo_pair("tiny", CACHE_DIR)
+    assert pair.models == {"small": tiny_models["small"], "large": tiny_models["large"]}
+    cfg = Config.demo(pair, 9000)
     assert [m.name for m in cfg.models] == ["small", "large"]
+    assert cfg.policy.params["threshold"] == RSTITCH_TAU["tiny"]
+    assert cfg.max_model_len == MAX_MODEL_LEN["tiny"]
     assert (cfg.policy.name, cfg.device, str(cfg.listen), str(cfg.admin)) == (
         "rstitch", "cpu", "127.0.0.1:9000", "127.0.0.1:9001",
     )  # fmt: skip
+    held = Config.demo(pair, 9000, large_share=0.7)
+    assert held.policy.params == {"threshold": RSTITCH_TAU["tiny"], "target_large_share": 0.7}
+
+
+def test_demo_large_share_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert daemon_main(["--demo", "tiny", "--large-share", "1.5", "--check"]) == EXIT_CONFIG
+    assert "policy.target_large_share: 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        daemon_main(["--config", "x.yaml", "--large-share", "0.5"])
+    assert exc.value.code == 2
+    assert "--large-share goes with --demo" in capsys.readouterr().err
 
 
 def test_plan_caps_cpu_kv_and_sizes_every_engine(raw: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from typing import Any, Literal, TypeVar, cast
 import yaml
 
 from trd.config_reader import ConfigError, Section, fail
+from trd.demo.pair import DemoPair
 from trd.engines.spec import BatchingSettings, EngineSettings, SettingError, check_cuda_dtype
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
 from trd.models.tokenizers import TOKENIZER_FILE, chat_template, first_difference, read_tokenizer
@@ -145,21 +146,24 @@ class Config:
         return max(1, (os.cpu_count() or 1) // len(self.local))
 
     @classmethod
-    def demo(cls, models: dict[str, Path], port: int) -> Config:
-        """The `--demo` setup: the fixture models with R-Stitch on CPU, admin on port + 1."""
+    def demo(cls, pair: DemoPair, port: int, large_share: float | None = None) -> Config:
+        """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1; with
+        `large_share`, the share control holds the large model's share there."""
+        policy: dict[str, Any] = {"name": "rstitch", "threshold": pair.threshold}
+        if large_share is not None:
+            policy["target_large_share"] = large_share
         raw = {
             "listen": f"127.0.0.1:{port}",
             "admin": f"127.0.0.1:{port + 1}",
             "device": "cpu",
             "mps": "off",
             "memory": {"max_kv_tokens": 16384},
-            "max_model_len": 1024,
+            "max_model_len": pair.max_model_len,
             "models": [
-                {"name": name, "path": str(models[name]), "dtype": "float32"}
+                {"name": name, "path": str(pair.models[name]), "dtype": "float32"}
                 for name in ("small", "large")
             ],
-            # scripts/bench_routing.py calibrates ~0.8 for a quarter of the tokens from large
-            "policy": {"name": "rstitch", "threshold": 0.82},
+            "policy": policy,
             "shutdown": {"grace_s": 5},
         }
         return from_dict(raw, Path.cwd())

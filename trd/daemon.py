@@ -1,7 +1,7 @@
 """tokenrouterd: the supervisor process.
 
     tokenrouterd --config FILE       serve (what systemd runs)
-    tokenrouterd --demo [tiny] [--port P]   serve the demo pair with R-Stitch on CPU
+    tokenrouterd --demo [smollm2|tiny] [--port P]   serve a demo pair with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
     tokenrouterd import-gguf FILE DIR  turn a llama.cpp GGUF file into a checkpoint folder
     tokenrouterd engine --config F --model NAME --listen HOST:PORT
@@ -60,9 +60,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the daemon's config)",
     )
     p.add_argument("--config", type=Path, help="YAML config file")
-    p.add_argument("--demo", nargs="?", const="tiny", choices=["tiny"],
-                   help="serve a built-in model pair on CPU: tiny = the test fixtures")  # fmt: skip
+    p.add_argument("--demo", nargs="?", const="smollm2", choices=["smollm2", "tiny"],
+                   help="serve a built-in model pair on CPU: smollm2 (the default) = "
+                   "SmolLM2-135M-Instruct and a 2-layer partner built from it (first start: "
+                   "about 10 minutes, cached); tiny = the test fixtures")  # fmt: skip
     p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
+    p.add_argument("--large-share", type=float, metavar="SHARE",
+                   help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
+                   "by moving R-Stitch's threshold (default: fixed, ~25%%)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = p.parse_args(argv)
@@ -70,15 +75,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("give exactly one of --config FILE and --demo")
     if not 1 <= args.port <= 65534:
         p.error(f"--port: {args.port} is not in 1..65534")
+    if args.large_share is not None and args.demo is None:
+        p.error("--large-share goes with --demo (with --config: policy.target_large_share)")
     return args
 
 
 def _config(args: argparse.Namespace) -> Config:
     if args.demo is None:
         return load_config(args.config)
-    from trd.tinymodels.build import ensure_models  # trains the fixtures once if missing
+    from trd.demo.pair import ensure_demo_pair  # imports / builds the pair once, cached
 
-    return Config.demo(ensure_models(names=("small", "large")), args.port)
+    return Config.demo(ensure_demo_pair(args.demo), args.port, args.large_share)
 
 
 def _exit_now(signum: int, frame: object) -> None:

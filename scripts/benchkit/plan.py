@@ -9,6 +9,11 @@ the same prompts as the runs it is compared to. Standard serving runs with its
 servers' prefix cache (`std`) and stateless (`std_nocache`), on the short workload at
 each N and at `std_length` output tokens at the largest N.
 
+`cpu` is `full` cut to what the real pair allows on a small CPU host in under an hour:
+one round (N requests at N), standard serving with its prefix cache only (std_nocache
+re-prefills every context at every token: hours at 2048-token contexts), no ablation
+daemons. The fixtures' `full` run has both.
+
 `smoke` runs every path at a tiny size; it leaves out the separate ablation daemons and
 std_nocache (the same code as tokenrouterd and std with one setting changed, which the
 engine's and the standard server's own tests cover). Its numbers mean nothing.
@@ -43,6 +48,10 @@ PLANS = {
     "full": Plan(
         ns=(1, 4, 16), rounds=2, min_requests=4, lengths=(256, 512, 2048), std_length=512,
         agent_requests=16, repeats=2, ablation_daemons=True, std_systems=("std", "std_nocache"),
+    ),
+    "cpu": Plan(
+        ns=(1, 4, 16), rounds=1, min_requests=2, lengths=(256, 512, 2048), std_length=512,
+        agent_requests=16, repeats=2, ablation_daemons=False, std_systems=("std",),
     ),
     "smoke": Plan(
         ns=(1, 2), rounds=1, min_requests=2, lengths=(8, 16), std_length=8, agent_requests=2,
