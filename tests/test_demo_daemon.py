@@ -19,6 +19,8 @@ from trd.demo.pair import DemoPair, ensure_demo_pair
 from daemon_fixture import REPO_ROOT, Daemon, free_port, wait_serving
 
 CACHE_DIR = REPO_ROOT / ".cache"
+# The first test of a fresh checkout builds the pair (about 7 minutes on 2 quiet cores).
+pytestmark = pytest.mark.timeout(1800)
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
