@@ -1,4 +1,5 @@
-"""tokenrouterd: the supervisor process.
+"""tokenrouterd: serve several models that share a tokenizer as one, routed token by token
+(OpenAI-compatible HTTP API).
 
     tokenrouterd --config FILE       serve (what systemd runs)
     tokenrouterd --demo [smollm2|tiny] [--port P]   serve a demo pair with R-Stitch on CPU
@@ -7,11 +8,12 @@
     tokenrouterd engine --config F --model NAME --listen HOST:PORT
                                      run one model on this host for a daemon elsewhere
 
-Start order: config -> devices -> MPS -> memory plan -> engines (READY from each) ->
-HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT: STOPPING=1, refuse new requests, let
-in-flight ones finish within shutdown.grace_s, abort the rest, stop the engines and MPS,
-unlink shared memory, exit 0. Exit 1 when the engines cannot be (re)started, 2 for a
-bad config or a plan that does not fit (restarting cannot fix those).
+This module is the supervisor process. Start order: config -> devices -> MPS -> memory
+plan -> engines (READY from each) -> HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT:
+STOPPING=1, refuse new requests, let in-flight ones finish within shutdown.grace_s, abort
+the rest, stop the engines and MPS, unlink shared memory, exit 0. Exit 1 when the engines
+cannot be (re)started, 2 for a bad config or a plan that does not fit (restarting cannot
+fix those).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--demo", nargs="?", const="smollm2", choices=["smollm2", "tiny"],
                    help="serve a built-in model pair on CPU: smollm2 (the default) = "
                    "SmolLM2-135M-Instruct and a 2-layer partner built from it (first start: "
-                   "about 10 minutes, cached); tiny = the test fixtures")  # fmt: skip
+                   "5-10 minutes on 2 cores, cached); tiny = the test fixtures")  # fmt: skip
     p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
