@@ -66,23 +66,33 @@ def test_a_tiny_temperature_on_half_precision_logits_is_greedy(dtype: torch.dtyp
 
 
 @pytest.mark.parametrize(
-    ("probs", "temperature"),
-    [([0.5, 0.3, 0.15, 0.05], 1.0), ([0.5, 0.3, 0.15, 0.05], 0.5), ([0.7, 0.2, 0.1], 2.0)],
+    ("probs", "temperature", "top_p"),
+    [
+        ([0.5, 0.3, 0.15, 0.05], 1.0, 1.0),
+        ([0.5, 0.3, 0.15, 0.05], 0.5, 1.0),
+        ([0.7, 0.2, 0.1], 2.0, 1.0),
+        # the nucleus: 0.5 + 0.3 < 0.9 <= 0.5 + 0.3 + 0.15 keeps three tokens
+        ([0.5, 0.3, 0.15, 0.05], 1.0, 0.9),
+    ],
 )
 def test_sampling_frequencies_follow_the_distribution(
-    probs: list[float], temperature: float
+    probs: list[float], temperature: float, top_p: float
 ) -> None:
-    """Pearson's chi-squared against p ** (1/T) normalised: below the 1e-6 quantile."""
+    """Pearson's chi-squared against p ** (1/T) normalised over the top_p nucleus: below
+    the 1e-6 quantile; tokens outside the nucleus never drawn."""
     n = 6000
     logits = torch.log(torch.tensor([probs], dtype=torch.float64))
     counts = [0] * len(probs)
-    params = [SamplingParams(temperature=temperature, seed=5)]
+    params = [SamplingParams(temperature=temperature, top_p=top_p, seed=5)]
     for pos in range(n):
         counts[sample(logits, params, [pos])[0]] += 1
     tempered = torch.softmax(logits[0] / temperature, dim=-1).tolist()
-    chi2 = sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, tempered, strict=True))
-    critical = {3: 30.66, 2: 27.63}[len(probs) - 1]  # chi-squared quantile 1 - 1e-6, df 3 / 2
-    assert chi2 < critical, (counts, [round(n * p) for p in tempered])
+    kept = len(tempered) if top_p == 1.0 else 3
+    assert sum(counts[kept:]) == 0, counts
+    nucleus = [p / sum(tempered[:kept]) for p in tempered[:kept]]
+    chi2 = sum((c - n * p) ** 2 / (n * p) for c, p in zip(counts, nucleus, strict=False))
+    critical = {3: 30.66, 2: 27.63}[kept - 1]  # chi-squared quantile 1 - 1e-6, df 3 / 2
+    assert chi2 < critical, (counts, [round(n * p) for p in nucleus])
 
 
 def test_top_k_and_top_p_never_pick_filtered_tokens() -> None:
