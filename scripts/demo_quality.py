@@ -23,19 +23,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gpucheck.routing import Pair
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trd.demo import distil, teacher
 from trd.demo.pair import RSTITCH_TAU, ensure_demo_pair
 from trd.demo.partner import LAYERS, slice_of
 from trd.engines.engine import Engine
-from trd.engines.router import RoutingEngine
 from trd.engines.spec import EngineSpec
-from trd.ipc.names import FRONTEND
-from trd.policies.base import PolicyContext
-from trd.policies.factory import make_policy
+from trd.frontend.tokens import PromptEncoder
 from trd.policies.params import PolicySpec
-from trd.protocol import Done, Emit, Message, SamplingParams, Submit
+from trd.protocol import SamplingParams
 from trd.supervisor.generation import Generation
 
 QUESTIONS = (
@@ -78,14 +76,9 @@ STEP_TOKENS = 48  # decode steps timed per batch size
 
 
 def chat_prompts(model_dir: Path, questions: Sequence[str]) -> list[list[int]]:
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    texts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
-        )
-        for q in questions
-    ]
-    return [tok.encode(t, add_special_tokens=False) for t in texts]
+    """The questions as the daemon's /v1/chat/completions renders them."""
+    encoder = PromptEncoder(model_dir)
+    return [encoder.chat([{"role": "user", "content": q}]) for q in questions]
 
 
 def alone(path: Path, prompts: list[list[int]]) -> list[list[int]]:
@@ -95,38 +88,9 @@ def alone(path: Path, prompts: list[list[int]]) -> list[list[int]]:
 
 def routed(paths: Sequence[Path], tau: float, prompts: list[list[int]]) -> list[Generation]:
     """R-Stitch over the two engines; each answer's tokens and the model of each."""
-    inbox: dict[int, list[Message]] = {FRONTEND: [], 0: [], 1: []}
-    engines = []
-    for i, path in enumerate(paths):
-        spec = EngineSpec.of(
-            path,
-            index=i,
-            num_models=len(paths),
-            policy=PolicySpec("rstitch", {"threshold": tau}),
-            dtype="float32",
-            kv_tokens=KV_TOKENS,
-        )
-        engine = Engine(spec)
-        ctx = PolicyContext(i, len(paths), engine.runner.model.model.embed_tokens)
-        policy = make_policy(spec.policy, ctx)
-        engines.append(RoutingEngine(engine, policy, lambda n, m: inbox[n].append(m)))
-    answers = {rid: Generation(rid, len(p)) for rid, p in enumerate(prompts)}
-    params = SamplingParams(max_tokens=MAX_TOKENS)
-    for rid, prompt in enumerate(prompts):
-        inbox[0].append(Submit(rid, np.asarray(prompt, np.int32), params))
-    while not all(g.complete and g.all_done for g in answers.values()):
-        for node, engine in enumerate(engines):
-            msgs, inbox[node] = inbox[node], []
-            for msg in msgs:
-                engine.inbox.handle(msg)
-            engine.step()
-        for msg in inbox[FRONTEND]:
-            if isinstance(msg, Emit):
-                answers[msg.rid].on_emit(msg)
-            elif isinstance(msg, Done):
-                answers[msg.rid].on_done(msg)
-        inbox[FRONTEND].clear()
-    return [answers[rid] for rid in range(len(prompts))]
+    pair = Pair(paths, PolicySpec("rstitch", {"threshold": tau}), dtype="float32",
+                kv_tokens=KV_TOKENS)  # fmt: skip
+    return pair.run([(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts])
 
 
 def large_share(answers: Sequence[Generation]) -> float:

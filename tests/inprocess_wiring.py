@@ -13,12 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trd.engines.engine import Engine
-from trd.engines.router import RoutingEngine
-from trd.engines.spec import EngineSpec
+from trd.engines.loop import build
 from trd.ipc.names import FRONTEND
-from trd.policies.base import PolicyContext
-from trd.policies.factory import make_policy
 from trd.protocol import Done, Emit, Message, PeerReq, Submit, decode, encode
 from trd.supervisor.generation import Generation
 
@@ -37,15 +33,9 @@ class Wiring:
         for spec in specs(
             paths, policy, params, kv_tokens=8192, max_batch_tokens=256, max_model_len=max_model_len
         ):
-            self.engines.append(self._engine(spec))
+            self.engines.append(build(spec, self._sender()))
         self.tracked: dict[int, Generation] = {}
         self.injected = 0
-
-    def _engine(self, spec: EngineSpec) -> RoutingEngine:
-        eng = Engine(spec)
-        embed = eng.runner.model.model.embed_tokens
-        ctx = PolicyContext(spec.index, spec.num_models, embed, spec.checkpoint.path)
-        return RoutingEngine(eng, make_policy(spec.policy, ctx), self._sender())
 
     def _sender(self):
         def send(node: int, msg: Message) -> None:

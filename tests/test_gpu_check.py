@@ -14,7 +14,7 @@ import gpucheck.attention
 import pytest
 import torch
 from gpucheck.attention import CASES, HEADS, check_all
-from gpucheck.routing import SCHEDULE, Pair, expected_tokens, jobs
+from gpucheck.routing import POLICY, SCHEDULE, Pair, expected_tokens, jobs
 from gpucheck.summary import summary
 from make_shaped_checkpoints import Shape, write_checkpoint
 
@@ -64,7 +64,7 @@ def mini_pair(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_routed_pair_writes_the_designed_tokens(mini_pair: list[Path], padded: bool) -> None:
-    pair = Pair(mini_pair, SCHEDULE, kv_tokens=8192, max_batch_size=16)
+    pair = Pair(mini_pair, POLICY, kv_tokens=8192, max_batch_size=16)
     if padded:  # the CUDA-graph path without the capture
         for node in pair.nodes:
             runner = node.engine.runner

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from gpucheck.common import SHAPED, dump, log
-from gpucheck.routing import SCHEDULE, Pair, expected_tokens, jobs
+from gpucheck.routing import POLICY, SCHEDULE, Pair, expected_tokens, jobs
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.memplan.plan import CUDA_CONTEXT_BYTES, reserve_bytes
@@ -44,7 +44,7 @@ def refuses_float32(path: Path) -> dict[str, Any]:
 
 def routed(paths: list[Path], graphs: bool) -> tuple[Pair, list[list[int]], float]:
     start = time.perf_counter()
-    pair = Pair(paths, SCHEDULE, cuda_graphs=graphs, **SPEC)
+    pair = Pair(paths, POLICY, cuda_graphs=graphs, **SPEC)
     built = time.perf_counter() - start
     gens = pair.run(jobs())
     bad = [g.error for g in gens if g.finish is FinishReason.ERROR]

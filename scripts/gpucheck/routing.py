@@ -1,7 +1,7 @@
 """Routing engines of a model pair wired in one process (messages through the real codec),
 for comparing outputs token by token: graphs on vs off, and against the token each
 shaped checkpoint must write (make_shaped_checkpoints.py: the 0.6B repeats the current
-token, the 8B adds one).
+token, the 8B adds one); scripts/demo_quality.py routes the demo pair's answers with it.
 
 The schedule [1, 0, 0, 1, 1, 0] hands requests over at every kind of position: the first
 output token is the large model's, later ones alternate in runs of one and two, and the
@@ -16,18 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from trd.engines.engine import Engine
-from trd.engines.router import RoutingEngine
+from trd.engines.loop import build
 from trd.engines.spec import EngineSpec
 from trd.ipc.names import FRONTEND
-from trd.policies.base import PolicyContext
-from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import Done, Emit, Message, SamplingParams, Submit, decode, encode
 from trd.supervisor.generation import Generation
 from trd.tinymodels.tokenizer import VOCAB_SIZE
 
 SCHEDULE = [1, 0, 0, 1, 1, 0]
+POLICY = PolicySpec("scripted", {"schedule": SCHEDULE})
 Job = tuple[list[int], SamplingParams]
 
 
@@ -52,14 +50,12 @@ def expected_tokens(prompt: list[int], n: int, schedule: Sequence[int]) -> list[
 class Pair:
     """Two routing engines (0 = small, 1 = large) on `device`, messages kept in queues."""
 
-    def __init__(self, paths: Sequence[Path], schedule: Sequence[int], **spec: Any) -> None:
-        policy = PolicySpec("scripted", {"schedule": list(schedule)})
+    def __init__(self, paths: Sequence[Path], policy: PolicySpec, **spec: Any) -> None:
         self.inbox: dict[int, list[Message]] = {FRONTEND: [], 0: [], 1: []}
-        self.nodes = []
-        for i, path in enumerate(paths):
-            engine = Engine(EngineSpec.of(path, index=i, num_models=2, policy=policy, **spec))
-            ctx = PolicyContext(i, 2, engine.runner.model.model.embed_tokens)
-            self.nodes.append(RoutingEngine(engine, make_policy(policy, ctx), self._send))
+        self.nodes = [
+            build(EngineSpec.of(path, index=i, num_models=2, policy=policy, **spec), self._send)
+            for i, path in enumerate(paths)
+        ]
 
     def _send(self, node: int, msg: Message) -> None:
         self.inbox[node].append(decode(encode(msg)))

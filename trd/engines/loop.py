@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from trd.engines.engine import Engine
-from trd.engines.outbound import PeerGone
+from trd.engines.outbound import PeerGone, Send
 from trd.engines.request import State
 from trd.engines.router import RoutingEngine
 from trd.engines.spec import EngineSpec
@@ -129,12 +129,14 @@ def handle_control(node: RoutingEngine, body: str) -> None:
         log.error("bad control command %r: %s", body[:200], exc)
 
 
-def build(spec: EngineSpec, outbox: Outbox, counters: Counters | None) -> RoutingEngine:
+def build(spec: EngineSpec, send: Send, counters: Counters | None = None) -> RoutingEngine:
+    """The engine of `spec` with its policy, sending through `send` (the rings here; the
+    in-process drivers of tests and scripts pass their own)."""
     engine = Engine(spec)
     embed = engine.runner.model.model.embed_tokens
     ctx = PolicyContext(spec.index, spec.num_models, embed, spec.checkpoint.path)
     policy = make_policy(spec.policy, ctx)
-    return RoutingEngine(engine, policy, outbox.send, counters)
+    return RoutingEngine(engine, policy, send, counters)
 
 
 def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None = None) -> None:
@@ -155,7 +157,7 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     page_size = spec.settings.page_size
     try:
-        node = build(spec, outbox, counters)
+        node = build(spec, outbox.send, counters)
     except Exception as exc:
         log.error("failed to start: %s\n%s", exc, traceback.format_exc())
         outbox.send(FRONTEND, Ready(spec.index, os.getpid(), 0, page_size, error=str(exc)))
