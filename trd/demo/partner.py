@@ -22,8 +22,6 @@ import shutil
 import struct
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from trd.demo import distil, teacher
 from trd.models.checkpoint import read_checkpoint
+from trd.tinymodels.build import torch_threads
 from trd.tinymodels.cache import cache_base, is_complete, locked, publish
 
 # Bump whenever the recipe below changes, so that stale partners are rebuilt.
@@ -96,16 +95,6 @@ def slice_of(large_dir: Path, layers: int) -> LlamaForCausalLM:
     return model.float()
 
 
-@contextmanager
-def _threads(n: int) -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def build_partner(
     large_dir: Path, out: Path, budget: Budget = FULL, *, seed: int = 0, progress: bool = True
 ) -> Path:
@@ -125,7 +114,7 @@ def build_partner(
     labelled = sum(len(ex.top_ids) for ex in examples)
     seconds = time.perf_counter() - start
     log(f"{len(examples)} conversations, {labelled} labelled tokens, {seconds:.0f} s")
-    with _threads(TRAIN_THREADS):
+    with torch_threads(TRAIN_THREADS):
         torch.manual_seed(seed)
         model = slice_of(large_dir, LAYERS)
         losses = distil.distil(

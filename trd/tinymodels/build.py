@@ -133,7 +133,8 @@ def _common_config(tied: bool) -> dict[str, Any]:
 
 
 @contextmanager
-def _threads(n: int) -> Iterator[None]:
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to n inside the block, restored after."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -163,7 +164,7 @@ def build_one(
     """Train SPECS[name] (or for `steps` steps) from seed and save it to out."""
     spec = SPECS[name]
     start = time.perf_counter()
-    with _threads(TRAIN_THREADS):
+    with torch_threads(TRAIN_THREADS):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(spec.config()).float()
         tr.train(
