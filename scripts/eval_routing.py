@@ -34,9 +34,9 @@ from trd.policies.heads import load_head, save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 
-from benchkit.pairs import load_pair
 from routerkit import data
 from routerkit.fit import recall_threshold
+from routerkit.pairs import resolve_pair
 from routerkit.prompts import prompts
 from routerkit.report import offline_table, plot, table
 from routerkit.sweep import Job, Judge, run, sweep
@@ -65,13 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    if args.pair:
-        found = load_pair(args.pair).models
-        args.small, args.large = args.small or found["small"], args.large or found["large"]
-    if not (args.small and args.large):
-        ap.error("give --pair, or --small and --large")
-    args.prompts = args.prompts or ("corpus" if args.pair == "tiny" else "chat")
-    return args
+    return resolve_pair(ap, args)
 
 
 def quantile_taus(score: torch.Tensor, shares: list[float], low_escalates: bool) -> list[float]:

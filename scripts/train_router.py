@@ -38,9 +38,9 @@ import torch
 from trd.policies.heads import save_head
 from trd.policies.pair import PairIdentity
 
-from benchkit.pairs import load_pair
 from routerkit import data
 from routerkit.fit import fit
+from routerkit.pairs import resolve_pair
 from routerkit.prompts import prompts
 
 
@@ -69,13 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--out", type=Path, required=True, help="folder for the heads")
     args = ap.parse_args(argv)
-    if args.pair:
-        found = load_pair(args.pair).models
-        args.small, args.large = args.small or found["small"], args.large or found["large"]
-    if not (args.small and args.large):
-        ap.error("give --pair, or --small and --large")
-    args.prompts = args.prompts or ("corpus" if args.pair == "tiny" else "chat")
-    return args
+    return resolve_pair(ap, args)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
