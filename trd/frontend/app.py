@@ -162,9 +162,14 @@ class OpenAIApi:
         except ApiError as exc:
             outcome.status = exc.status
             raise
-        except (asyncio.CancelledError, ConnectionResetError):
+        except asyncio.CancelledError:
             outcome.status, outcome.finish = 499, "client_gone"  # nginx's code: client left
             raise
+        except ConnectionResetError:
+            # A write found the client gone. Re-raising would make aiohttp log a traceback
+            # as a 500; a response it cannot send is logged as a premature disconnect.
+            outcome.status, outcome.finish = 499, "client_gone"
+            return web.Response(status=499)
         finally:
             self.hub.release(gen)
             self._record(shaper.id, endpoint, outcome, gen, text)
