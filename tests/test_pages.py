@@ -13,14 +13,33 @@ from trd.engines.spec import EngineSettings
 from trd.protocol import SamplingParams
 
 
-def test_allocate_free_reuses_most_recent_page_first() -> None:
-    alloc = PageAllocator(num_pages=4, page_size=16)
-    assert alloc.allocate(rid=1, count=2) == [0, 1]
-    assert alloc.allocate(rid=2, count=1) == [2]
-    alloc.free(1, [1])
-    assert alloc.allocate(rid=3, count=1) == [1]
-    assert alloc.num_free == 1
-    alloc.check_integrity({1: [0], 2: [2], 3: [1]})
+def test_a_request_grows_in_one_run_and_new_requests_split_the_largest_gap() -> None:
+    alloc = PageAllocator(num_pages=16, page_size=16)
+    a = alloc.allocate(rid=1, count=2)
+    assert a == [0, 1]  # nothing before the first gap: it starts there
+    b = alloc.allocate(rid=2, count=1)
+    assert b == [9]  # the middle of the gap 2..15: pages 2..8 stay for request 1
+    a += alloc.allocate(rid=1, count=3, after=a[-1])
+    b += alloc.allocate(rid=2, count=2, after=b[-1])
+    assert (a, b) == ([0, 1, 2, 3, 4], [9, 10, 11])
+    c = alloc.allocate(rid=3, count=1)
+    assert c == [7]  # the first of the largest gaps (5..8, 12..15), in its middle
+    alloc.check_integrity({1: a, 2: b, 3: c})
+    assert alloc.num_free == 16 - 9
+
+
+def test_a_taken_next_page_continues_the_request_in_a_new_run() -> None:
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    a = alloc.allocate(rid=1, count=1)
+    b = alloc.allocate(rid=2, count=1)
+    assert (a, b) == ([0], [4])
+    a += alloc.allocate(rid=1, count=3, after=a[-1])
+    assert a == [0, 1, 2, 3]
+    a += alloc.allocate(rid=1, count=2, after=a[-1])  # page 4 is b's
+    assert a[4:] == [6, 7]  # the middle of gap 5..7, then on from there
+    alloc.free(1, a)
+    assert alloc.allocate(rid=3, count=1) == [0] and alloc.num_free == 6
+    alloc.check_integrity({2: b, 3: [0]})
 
 
 def test_over_allocation_raises_and_changes_nothing() -> None:
@@ -93,3 +112,19 @@ def test_randomized_workload_keeps_every_page_owned_once(seed: int) -> None:
         sched.finish(req)
     sched.check_integrity()
     assert alloc.num_free == alloc.num_pages
+
+
+def test_requests_growing_side_by_side_keep_one_run_each() -> None:
+    """Eight requests decoding in lockstep to 40 pages each, in a pool with room: every
+    page table is one contiguous run (the CPU attention then reads views, not copies)."""
+    alloc = PageAllocator(num_pages=1024, page_size=4)
+    sched = Scheduler(alloc, EngineSettings(max_batch_tokens=64, max_batch_size=8), 256)
+    for rid in range(8):
+        sched.add(Request(rid, [1] * 5, 5, SamplingParams(max_tokens=155), arrival=rid))
+    for _ in range(155):
+        for item in sched.schedule():
+            item.req.kv_len += item.num_tokens
+            item.req.seq.append(3)
+    for req in sched.requests.values():
+        assert len(req.pages) == 40
+        assert req.pages == list(range(req.pages[0], req.pages[0] + 40)), req.pages

@@ -27,7 +27,7 @@ def run_request(cache: PrefixCache, tokens: list[int]) -> tuple[list[int], int]:
     hit = cache.match(keys[: (len(tokens) - 1) // PS])
     cache.acquire(hit)
     cache.check_integrity([hit])
-    pages = hit + cache.allocate(-(-len(tokens) // PS) - len(hit))
+    pages = hit + cache.allocate(-(-len(tokens) // PS) - len(hit), hit[-1] if hit else None)
     cache.check_integrity([pages])
     cache.insert(keys, pages)
     cache.check_integrity([pages])
@@ -93,9 +93,9 @@ def test_eviction_is_lru_by_release_and_tail_first_within_a_release() -> None:
 def test_a_hit_refreshes_recency() -> None:
     cache = PrefixCache(num_pages=4, page_size=PS)
     run_request(cache, [*range(4), 0])  # block in page 0
-    run_request(cache, [*range(100, 104), 0])  # block in page 1 (page 2 tail)
+    run_request(cache, [*range(100, 104), 0])  # block in page 2 (page 3 tail)
     run_request(cache, list(range(5)))  # hits page 0 again: now the newest release
-    assert cache.allocate(3) == [2, 3, 1]  # empty pages first, then the LRU block (page 1)
+    assert cache.allocate(3) == [1, 3, 2]  # empty pages first, then the LRU block (page 2)
     assert cache.match(cache.block_keys(list(range(4)))) == [0]
 
 
@@ -166,7 +166,7 @@ def test_randomized_requests_always_match_their_own_prefix(seed: int) -> None:
             for i, page in enumerate(hit):
                 assert content[page] == tuple(tokens[: (i + 1) * PS])
             cache.acquire(hit)
-            pages = hit + cache.allocate(-(-len(tokens) // PS) - len(hit))
+            pages = hit + cache.allocate(-(-len(tokens) // PS) - len(hit), hit[-1] if hit else None)
             for i in range(len(hit), len(pages)):  # compute the uncached suffix
                 content[pages[i]] = tuple(tokens[: min(len(tokens), (i + 1) * PS)])
             cache.insert(keys, pages)

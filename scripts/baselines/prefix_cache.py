@@ -12,11 +12,14 @@ cached. Every page is in exactly one of three states:
     keys:   {k0: 3, k1: 7}                 page 3 holds block 0 of some prefix, 7 its block 1
     refs:   [0, 0, 1, 0, 0, 0, 0, 0]       page 2 is in use by one request
     lru:    3, 7   (oldest first)          evictable, evicted from the left
-    empty:  [0, 1, 4, 5, 6]
+    empty:  0, 1, 4, 5, 6
 
 A request matches its longest run of cached keys, takes a reference on those pages,
 gets fresh pages for the rest, inserts its full blocks once their KV is computed, and
-releases its pages at the end. The page budget is the pool itself: a cached page
+releases its pages at the end. Empty pages are handed out as the engine's allocator
+hands out pages (`PageAllocator`: a request's next page follows its last when free), so
+a request's table stays one contiguous run that the CPU attention reads without a copy,
+as it does for tokenrouterd's engines. The page budget is the pool itself: a cached page
 stays until an allocation finds no empty page, then the least recently released
 evictable page is evicted. Within one release the last block is queued first, so a
 prefix's tail is evicted before its head (vLLM frees a request's blocks in reverse
@@ -35,10 +38,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from trd.engines.pages import OutOfPages
+from trd.engines.pages import OutOfPages, PageAllocator
 
 BlockKey = tuple[int, tuple[int, ...]]  # (hash of the parent block's key, block tokens)
 ROOT = 0  # parent hash of a sequence's first block
+IN_USE = 0  # the empty-page allocator's one owner: every page that is not empty
 
 
 @dataclass
@@ -58,7 +62,7 @@ class PrefixCache:
         self._page_of: dict[BlockKey, int] = {}
         self._key_of: dict[int, BlockKey] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # evictable pages, oldest first
-        self._empty = list(range(num_pages - 1, -1, -1))  # stack: page 0 is handed out first
+        self._empty = PageAllocator(num_pages, page_size)  # its free pages are the empty ones
         self.counters = CacheCounters()
 
     # -- keys ------------------------------------------------------------------------
@@ -98,25 +102,24 @@ class PrefixCache:
     @property
     def num_free(self) -> int:
         """Pages an allocation can get: empty ones, then evictable ones."""
-        return len(self._empty) + len(self._lru)
+        return self._empty.num_free + len(self._lru)
 
-    def allocate(self, count: int) -> list[int]:
-        """`count` pages with one reference each: empty pages first, then LRU evictions."""
+    def allocate(self, count: int, after: int | None = None) -> list[int]:
+        """`count` pages with one reference each: empty pages first (continuing the run
+        that ends at page `after` where they can), then LRU evictions."""
         if count > self.num_free:
             raise OutOfPages(
                 f"asked for {count} pages, {self.num_free} free or evictable "
                 f"({self.num_pages - self.num_free} referenced)"
             )
-        pages = []
-        for _ in range(count):
-            if self._empty:
-                page = self._empty.pop()
-            else:
-                page, _ = self._lru.popitem(last=False)
-                del self._page_of[self._key_of.pop(page)]
-                self.counters.evictions += 1
-            self.refs[page] = 1
+        pages = self._empty.allocate(IN_USE, min(count, self._empty.num_free), after)
+        while len(pages) < count:
+            page, _ = self._lru.popitem(last=False)
+            del self._page_of[self._key_of.pop(page)]
+            self.counters.evictions += 1
             pages.append(page)
+        for page in pages:
+            self.refs[page] = 1
         return pages
 
     def insert(self, keys: Sequence[BlockKey], pages: Sequence[int]) -> int:
@@ -153,7 +156,7 @@ class PrefixCache:
                 if page in self._key_of:
                     self._lru[page] = None
                 else:
-                    self._empty.append(page)
+                    self._empty.free(IN_USE, [page])
 
     # -- checks ----------------------------------------------------------------------
     @property
@@ -173,9 +176,7 @@ class PrefixCache:
         referenced = {p for p in range(self.num_pages) if self.refs[p] > 0}
         if any(r < 0 for r in self.refs):
             raise AssertionError("a page has a negative reference count")
-        empty, lru = set(self._empty), set(self._lru)
-        if len(empty) != len(self._empty):
-            raise AssertionError("the empty list repeats a page")
+        empty, lru = set(self._empty.free_pages()), set(self._lru)
         if empty & lru or (empty | lru) & referenced:
             raise AssertionError("a page is in two of referenced / evictable / empty")
         if len(empty) + len(lru) + len(referenced) != self.num_pages:

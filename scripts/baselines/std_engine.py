@@ -47,8 +47,8 @@ class CachedPages(PageAllocator):
     def num_free(self) -> int:
         return self.cache.num_free
 
-    def allocate(self, rid: int, count: int) -> list[int]:
-        return self.cache.allocate(count)
+    def allocate(self, rid: int, count: int, after: int | None = None) -> list[int]:
+        return self.cache.allocate(count, after)
 
     def free(self, rid: int, pages: list[int]) -> None:
         self.cache.release(pages)

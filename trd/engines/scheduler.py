@@ -86,7 +86,8 @@ class Scheduler:
                 return False
             self.preempt(victim)
         if need > 0:
-            req.pages.extend(self.allocator.allocate(req.rid, need))
+            last = req.pages[-1] if req.pages else None
+            req.pages.extend(self.allocator.allocate(req.rid, need, after=last))
         return True
 
     def _victim(self, req: Request, in_batch: set[int]) -> Request | None:
