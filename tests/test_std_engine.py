@@ -79,6 +79,13 @@ def test_cached_calls_match_stateless_calls_and_feed_only_suffixes(
     assert prof["cached_tokens"] == sum(len(p) + i for p in prompts for i in range(steps)) - fed
     assert all(prof["seconds"][k] > 0 for k in ("admit", "match", "lock", "insert", "unlock"))
     assert plain.profile.snapshot()["cached_tokens"] == 0
+    # Pages are handed out in runs: each sequence's cached blocks lie in consecutive
+    # pages though the three grew side by side (so the CPU attention reads views).
+    assert cached.cache is not None
+    for seq in got:
+        pages = cached.cache.match(cached.cache.block_keys(seq))
+        assert len(pages) == len(seq) // PAGE
+        assert pages == list(range(pages[0], pages[0] + len(pages))), pages
 
 
 def test_shared_prefix_full_hit_and_concurrent_requests(
