@@ -79,6 +79,9 @@ def workload(rng: random.Random, docs: list[str]) -> dict[str, Any]:
     return body
 
 
+HOLD_S = 30
+
+
 def test_the_daemon_holds_the_large_share(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     docs = corpus("heldout")  # built once, before the clock starts (it reads many files)
     policy = {"name": "rstitch", "threshold": 0.9, "target_large_share": TARGET}
@@ -100,7 +103,7 @@ def test_the_daemon_holds_the_large_share(tiny_models: dict[str, Path], tmp_path
             t.start()
         reached = None
         samples: list[tuple[float, int, int, dict]] = []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             time.sleep(1.0)
             status = daemon.status()
@@ -109,7 +112,9 @@ def test_the_daemon_holds_the_large_share(tiny_models: dict[str, Path], tmp_path
             measured = status["share"]["measured"]
             if reached is None and measured is not None and abs(measured - TARGET) <= 0.03:
                 reached = time.monotonic()
-            if reached is not None and time.monotonic() - reached >= 15:
+            # 30 s of hold: over a shorter stretch one sampled response can move the
+            # share by a few points (15 s failed once by 0.001 past the bound)
+            if reached is not None and time.monotonic() - reached >= HOLD_S:
                 break
         assert reached is not None, [s[3]["share"] for s in samples]
         held = [s for s in samples if s[0] >= reached]
