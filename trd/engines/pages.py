@@ -6,10 +6,9 @@ owner:   a  a  a  -  -  b  b  -      request a's table = [0, 1, 2]; b's = [5, 6]
 A request's next page is the one after its last when that one is free, and a new
 run starts in the middle of the largest free gap (at its start when nothing lies
 before it, earlier when the run would not fit), leaving the first half for the
-request before it to grow into. Most
-requests then keep their KV in one contiguous run, which the CPU attention reads as a
-view instead of gathering it. Any page still serves any request: when the next one is
-taken, the request continues in a new run.
+request before it to grow into. Most requests then keep their KV in one contiguous
+run, which the CPU attention reads as a view instead of gathering it. Any page still
+serves any request: when the next one is taken, the request continues in a new run.
 """
 
 from __future__ import annotations
