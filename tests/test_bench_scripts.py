@@ -37,7 +37,8 @@ def test_share_run_samples_the_control_loop(tiny_models: dict[str, Path], tmp_pa
     """The real-pair share run's script on the fixtures, briefly: it serves, samples the
     admin API and writes them (convergence itself: test_share_control)."""
     out = tmp_path / "share.json"
-    args = ["--pair", "tiny", "--target", "0.3", "--seconds", "20", "--out", str(out)]
+    args = ["--pair", "tiny", "--target", "0.3", "--seconds", "20", "--start-threshold", "0.3"]
+    args += ["--out", str(out)]  # tau 0.3: almost every token large; the target needs ~0.85
     run = subprocess.run(
         [sys.executable, str(SCRIPTS / "share_run.py"), *args],
         capture_output=True, text=True, timeout=300,
@@ -47,5 +48,5 @@ def test_share_run_samples_the_control_loop(tiny_models: dict[str, Path], tmp_pa
     assert result["errors"] == 0 and result["target"] == 0.3
     samples = result["samples"]
     assert len(samples) >= 5 and samples[-1]["total"] > samples[0]["total"] > 0
-    assert samples[-1]["moves"] > 0 and samples[-1]["threshold"] < 0.9
+    assert samples[-1]["moves"] > 0 and samples[-1]["threshold"] > 0.5
     assert f"wrote {out}" in run.stdout

@@ -34,29 +34,54 @@ def plant(tau: float, raises: bool) -> float:
     return 1 / (1 + math.exp(x if not raises else -x))
 
 
+class Plant:
+    """Tokens as a serving engine commits them: CHAINS requests, each a two-state chain
+    whose large runs last `run` tokens on average, at the share plant(tau) in force."""
+
+    CHAINS = 8
+
+    def __init__(self, run: float, seed: int) -> None:
+        self.run, self.rng = run, random.Random(seed)
+        self.in_large = [False] * self.CHAINS
+        self.large = self.total = self.visits = 0
+
+    def commit(self, n: int, share: float) -> None:
+        leave = 1 / self.run
+        enter = min(1.0, leave * share / (1 - share))
+        for i in range(n):
+            c = i % self.CHAINS
+            was = self.in_large[c]
+            now = self.rng.random() >= leave if was else self.rng.random() < enter
+            self.visits += now and not was
+            self.in_large[c] = now
+            self.large += now
+            self.total += 1
+
+    def stats(self) -> list[dict[str, Any]]:
+        return [{"tokens_committed": self.total - self.large, "policy_threshold": 0.95},
+                {"tokens_committed": self.large, "handoffs_in": self.visits}]  # fmt: skip
+
+
+@pytest.mark.parametrize("run", [1.0, 6.0])
 @pytest.mark.parametrize("name", ["rstitch", "citer"])
-def test_the_loop_converges_and_holds_on_a_noisy_plant(name: str) -> None:
-    """citer's threshold raises the share, R-Stitch's lowers it: the loop knows which."""
+def test_the_loop_converges_and_holds_on_a_noisy_plant(name: str, run: float) -> None:
+    """citer's threshold raises the share, R-Stitch's lowers it: the loop knows which; with
+    large runs of 6 tokens (a window's share 2-3x noisier) it holds as well."""
     scale = THRESHOLDS[name]
     ctl = ShareControl(TARGET, scale)
-    rng = random.Random(1)
-    large = total = 0
+    tokens = Plant(run, seed=1)
     taus, shares = [], []
-    stats = [{"tokens_committed": 0, "policy_threshold": 0.95}, {"tokens_committed": 0}]
-    for tick in range(120):
+    for tick in range(200):
         share = plant(ctl.tau if ctl.tau is not None else 0.95, scale.raises_share)
-        n = 300
-        got = sum(rng.random() < share for _ in range(n))
-        large, total = large + got, total + n
-        stats = [{"tokens_committed": total - large, "policy_threshold": 0.95},
-                 {"tokens_committed": large}]  # fmt: skip
-        ctl.observe(float(tick), stats)
+        tokens.commit(300, share)
+        ctl.observe(float(tick), tokens.stats())
         assert ctl.tau is not None and scale.low <= ctl.tau <= scale.high
         taus.append(ctl.tau)
         shares.append(share)
     assert all(abs(s - TARGET) <= 0.03 for s in shares[60:]), shares[60:]
     steps = [abs(a - b) for a, b in itertools.pairwise(taus)]
     assert max(steps) <= 0.1 + 1e-12  # bounded moves
+    assert ctl.moves < 30  # near the target, sampling noise alone seldom moves it
 
 
 def test_target_share_is_checked_with_the_policy() -> None:
@@ -84,7 +109,8 @@ HOLD_S = 30
 
 def test_the_daemon_holds_the_large_share(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     docs = corpus("heldout")  # built once, before the clock starts (it reads many files)
-    policy = {"name": "rstitch", "threshold": 0.9, "target_large_share": TARGET}
+    # tau 0.3 sends almost every token to the large model; the target needs about 0.85
+    policy = {"name": "rstitch", "threshold": 0.3, "target_large_share": TARGET}
     daemon = start_daemon(write_config(tmp_path, tiny_models, ["small", "large"], policy=policy))
     stop = threading.Event()
     errors: list[str] = []
@@ -122,7 +148,7 @@ def test_the_daemon_holds_the_large_share(tiny_models: dict[str, Path], tmp_path
         assert t1 - t0 > 1000  # a real stretch of work
         assert abs((l1 - l0) / (t1 - t0) - TARGET) <= 0.03, [s[3]["share"] for s in held]
         share = last["share"]
-        assert share["moves"] > 0 and 0.0 <= share["threshold"] < 0.9
+        assert share["moves"] > 0 and 0.5 < share["threshold"] <= 1.0
         line = next(x for x in format_status(last).splitlines() if x.startswith("large-model"))
         assert line.startswith(f"large-model share: target {TARGET:.1%}, measured ")
     finally:

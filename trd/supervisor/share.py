@@ -1,11 +1,14 @@
 """Holding the large model's share of committed tokens at a target by moving a threshold.
 
 With `policy: {..., target_large_share: s}` the daemon reads, every TICK_S, the engines'
-counters of committed tokens (their Stats): the large (last) model's share of the n
-tokens committed since the last measurement is the new one, once n >= MIN_TOKENS:
+counters of committed tokens (their Stats). A measurement window starts at each move; the
+large (last) model's share of the n tokens committed since is the measured share, once
+n >= MIN_TOKENS:
 
-    e = measured - target            |e| within the noise, max(DEADBAND, the binomial
-                                     deviation sqrt(t (1 - t) / n)): hold
+    e = measured - target            |e| within the noise, max(DEADBAND, NOISE_Z times
+                                     the sampling deviation of a window of n tokens): hold,
+                                     and let the window grow (up to MAX_WINDOW_TOKENS, then
+                                     start over)
     direction: the one that lowers the share when e > 0 (a policy's ThresholdScale
                says which way its threshold moves the share)
     step:      x1.5 while e keeps its sign, x0.5 when it flips (Rprop: the size adapts
@@ -13,9 +16,12 @@ tokens committed since the last measurement is the new one, once n >= MIN_TOKENS
                within [MIN_STEP, MAX_STEP] of the threshold's range
     tau = clamp(tau +- step * min(1, |e| / FULL_STEP_ERROR), low, high)
 
-The deadband and the error-scaled move keep sampling noise from walking the threshold:
-on a simulated share curve as steep as R-Stitch's on the fixtures, with binomial noise,
-the share stays within 3 points of the target (tests/test_share_control.py).
+The sampling deviation is the binomial one inflated for runs: a request stays with the
+large model for several tokens, so tokens are not independent draws. As a two-state
+chain with mean runs m_L (large tokens per visit to the large model) and m_S, the
+variance of a window's share is t (1 - t) / n times (1 + l) / (1 - l), l = 1 - 1/m_L -
+1/m_S. A window that keeps growing while the share is near the target makes a small
+persistent offset significant in time, and noise alone rarely moves the threshold.
 
 Bounded (the range, the step), logged (each move with what was measured), off unless
 `target_large_share` is set. Counters that go down mean the engines restarted: the
@@ -36,7 +42,9 @@ log = logging.getLogger("trd.share")
 
 TICK_S = 1.0
 MIN_TOKENS = 512  # committed tokens per measurement: the share of fewer is too noisy
+MAX_WINDOW_TOKENS = 16384  # a window near the target this long starts over (workloads drift)
 DEADBAND = 0.01
+NOISE_Z = 3.0  # deviations of sampling noise an error must exceed to move the threshold
 FULL_STEP_ERROR = 0.1  # a smaller error moves the threshold proportionally less
 FIRST_STEP, MIN_STEP, MAX_STEP = 0.05, 0.001, 0.1  # fractions of the threshold's range
 STATUS_WINDOW_S = 10.0
@@ -49,7 +57,7 @@ class ShareControl:
     tau: float | None = None  # None until the entry engine reports its threshold
     step: float = FIRST_STEP
     sign: int = 0  # of the last error acted on
-    base: tuple[int, int] | None = None  # (large, all) counters when it last moved
+    base: tuple[int, int, int] | None = None  # (large, all, visits) when the window began
     moves: int = 0
     history: deque[tuple[float, int, int]] = field(default_factory=deque)
 
@@ -57,27 +65,33 @@ class ShareControl:
         """The engines' latest Stats, in model order; returns a new threshold to install."""
         if len(stats) < 2 or any("tokens_committed" not in s for s in stats):
             return None
+        if "handoffs_in" not in stats[-1]:
+            return None
         if self.tau is None:
             reported = stats[0].get("policy_threshold")
             if reported is None:
                 return None
             self.tau = float(reported)
         large = int(stats[-1]["tokens_committed"])
+        visits = int(stats[-1]["handoffs_in"])
         total = sum(int(s["tokens_committed"]) for s in stats)
         self._remember(now, large, total)
-        if self.base is None or total < self.base[1] or large < self.base[0]:
-            self.base = (large, total)  # the first look, or the engines restarted
+        now_counts = (large, total, visits)
+        if self.base is None or any(n < b for n, b in zip(now_counts, self.base, strict=True)):
+            self.base = now_counts  # the first look, or the engines restarted
             return None
         done = total - self.base[1]
         if done < MIN_TOKENS:
             return None
-        share = (large - self.base[0]) / done
-        self.base = (large, total)
+        in_large = large - self.base[0]
+        share = in_large / done
         error = share - self.target
-        noise = math.sqrt(self.target * (1 - self.target) / done)
-        if abs(error) <= max(DEADBAND, noise):
-            self.sign = 0
+        noise = window_noise(self.target, done, in_large, visits - self.base[2])
+        if abs(error) <= max(DEADBAND, NOISE_Z * noise):
+            if done >= MAX_WINDOW_TOKENS:
+                self.base = now_counts
             return None
+        self.base = now_counts
         sign = 1 if error > 0 else -1
         if self.sign:
             self.step = self.step * 1.5 if sign == self.sign else self.step / 2
@@ -108,3 +122,10 @@ class ShareControl:
             measured = (l1 - l0) / (t1 - t0) if t1 > t0 else None
         return {"target": self.target, "measured": measured, "threshold": self.tau,
                 "moves": self.moves, "window_s": STATUS_WINDOW_S}  # fmt: skip
+
+
+def window_noise(target: float, done: int, in_large: int, visits: int) -> float:
+    """The deviation of the share of `done` tokens at the target, given the window's runs:
+    `in_large` of them by the large model over `visits` visits to it (module docstring)."""
+    inflation = 2 * in_large * (done - in_large) / (max(1, visits) * done) - 1
+    return math.sqrt(target * (1 - target) * max(1.0, inflation) / done)
