@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from trd.policies.heads import load_head, save_random_head
+from trd.policies.heads import load_head, num_logit_features, save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 
@@ -90,8 +90,8 @@ def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -
     random_dir = args.out / "random"
     random_dir.mkdir(parents=True, exist_ok=True)
     for seed, kind in enumerate(KINDS, start=1):
-        width = 2 * hidden + pos.top.shape[1] if kind == "r2r" else hidden
-        top_k = pos.top.shape[1] if kind == "r2r" else 0
+        top_k = pos.top.shape[1] if kind == "r2r" else data.LOGPROB_K
+        width = 2 * hidden + top_k if kind == "r2r" else hidden + num_logit_features(top_k)
         rand = save_random_head(random_dir / f"{kind}.safetensors", kind, width, 128, seed, top_k)
         for label, path in ((f"{kind} trained", args.heads / f"{kind}.safetensors"),
                             (f"random {kind}", rand)):  # fmt: skip
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pair = [args.small, args.large]
     offline = {}
     for label, spec, taus, score in curves(args, pos, shares):
-        offline[label] = recall_threshold(score, pos.labels("citer"))[2]
+        offline[label] = recall_threshold(score, (pos.small != pos.large).float())[2]
         points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
                         TABLE_SHARES)  # fmt: skip
     result = {

@@ -7,10 +7,13 @@
 Data (scripts/routerkit/data.py): the large model answers the training prompts (greedy,
 our Engine, batched); the small model is teacher-forced over each prompt + answer, and
 each answer position gives its hidden state, top-100 logits, greedy token and that
-token's embedding. Labels: citer, collm: the small model's greedy token differs from the
-large model's (the large model, the teacher, is right on its own answer); r2r: such a
-mismatch whose greedy large-model continuation to the end of the sentence (or 32 tokens)
-differs from the one after the large model's own token.
+token's embedding, and the logits' features citer and collm read beside the hidden state
+(top-20 log-probabilities, R-Stitch's and GlimpRouter's entropies); the large model is
+teacher-forced too. Labels: citer, collm: the small model's greedy token is wrong, i.e.
+the large model (the teacher, right on its own answer) finds it at least 10x less
+likely than its own token; r2r: a mismatch whose greedy large-model continuation to the
+end of the sentence (or 32 tokens) differs from the one after the large model's own
+token.
 
 Training (scripts/routerkit/fit.py): BCE with pos_weight = negatives/positives; the
 threshold is R2R's: on held-out prompts, the lowest large-token share at recall >= 0.95.
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lap("large answers")
     pos = data.teacher_force(args.small, ps, answers)
     lap("small teacher-forced")
+    data.label_wrong(args.large, ps, answers, pos)
+    lap("large teacher-forced")
     continued = data.label_divergence(engine, ps, answers, pos, args.continuations)
     lap("r2r continuations")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -94,12 +99,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "small": str(args.small), "large": str(args.large), "pair": pair.pair,
         "prompts": len(ps), "prompt_source": args.prompts, "answer_tokens": len(pos.small),
-        "mismatches": int((pos.small != pos.large).sum()), "continuations": continued,
+        "mismatches": int((pos.small != pos.large).sum()),
+        "wrong": int(pos.labels("citer").sum()), "continuations": continued,
         "divergent": int((pos.divergent == 1).sum()), "heads": {},
     }  # fmt: skip
     for kind in ("citer", "r2r", "collm"):
         fitted = fit(kind, pos, args.epochs)
-        top_k = pos.top.shape[1] if kind == "r2r" else 0
+        top_k = pos.top.shape[1] if kind == "r2r" else data.LOGPROB_K
         path = save_head(args.out / f"{kind}.safetensors", kind, fitted.layers, top_k,
                          fitted.threshold, pair, fitted.report)  # fmt: skip
         summary["heads"][kind] = {"path": str(path), "threshold": fitted.threshold,

@@ -10,7 +10,7 @@ import torch
 from trd.engines.request import Request
 from trd.policies.base import PolicyContext, Route, RouteBatch, RoutingPolicy, StepView, host_routes
 from trd.policies.factory import make_policy
-from trd.policies.heads import save_random_head
+from trd.policies.heads import logit_features, save_head, save_random_head
 from trd.policies.params import PolicyError, PolicySpec, parse_policy
 from trd.protocol import SamplingParams
 
@@ -68,6 +68,29 @@ def test_router_head_of_the_wrong_size_is_rejected(tmp_path: Path) -> None:
         make("citer", ctx(0), {"head": str(path)})
     ok = save_random_head(tmp_path / "r2r.safetensors", "r2r", 2 * HIDDEN + 3, 4, seed=0, top_k=3)
     make("r2r", ctx(0), {"head": str(ok)})
+
+
+def test_a_head_with_top_k_reads_the_logits_features(tmp_path: Path) -> None:
+    """collm over [h, top-2 log-probs, normalised entropy, top-20 entropy], weighted on the
+    normalised entropy alone: the flat row defers, the peaked one does not, whatever h."""
+    logits = torch.tensor([[10.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    feats = logit_features(logits, 2)
+    assert feats.shape == (2, 4)
+    assert torch.allclose(
+        feats[1], torch.tensor([-1.3863, -1.3863, 1.0, 1.3863], dtype=torch.float64), atol=1e-4
+    )
+    w = torch.zeros(1, HIDDEN + 4)
+    w[0, HIDDEN + 2] = 10.0
+    path = save_head(tmp_path / "collm.safetensors", "collm", [(w, torch.tensor([-5.0]))], top_k=2)
+    policy = make("collm", ctx(0), {"head": str(path), "threshold": 0.5})
+    view = StepView(logits.float(), torch.randn(2, HIDDEN), torch.tensor([0, 1]))
+    assert [r.dst for r in host_routes(policy.route([req(), req()], view))] == [0, 1]
+    with pytest.raises(ValueError, match=r"takes 12 inputs, this model gives 8"):
+        make(
+            "collm",
+            ctx(0),
+            {"head": str(save_head(tmp_path / "c0.safetensors", "collm", [(w, torch.zeros(1))]))},
+        )
 
 
 def test_rstitch_escalates_uncertain_positions_and_returns_when_sure() -> None:

@@ -37,7 +37,10 @@ def heads(
     hidden = json.loads((tiny_models["small"] / "config.json").read_text())["hidden_size"]
     out = tmp_path_factory.mktemp("heads")
     return {
-        "citer": save_random_head(out / "citer.safetensors", "citer", hidden, 32, seed=1),
+        # citer reads the logits' features too (top 6 log-probabilities + 2 entropies)
+        "citer": save_random_head(
+            out / "citer.safetensors", "citer", hidden + 8, 32, seed=1, top_k=6
+        ),
         "r2r": save_random_head(
             out / "r2r.safetensors", "r2r", 2 * hidden + 8, 32, seed=2, top_k=8
         ),

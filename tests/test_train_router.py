@@ -46,6 +46,7 @@ def test_trained_heads_load_with_their_threshold(
     summary = json.loads((trained / "training.json").read_text())
     assert summary["answer_tokens"] == 20 * 24 and 0 < summary["mismatches"] < 20 * 24
     assert 0 < summary["divergent"] <= summary["continuations"] <= summary["mismatches"]
+    assert 0 < summary["wrong"] <= summary["mismatches"]  # wrong: a mismatch 10x less likely
     assert set(summary["seconds"]) >= {"large answers", "r2r continuations", "total"}
     embed = torch.nn.Embedding(2048, 64)
     for kind in ("citer", "r2r", "collm"):
@@ -53,12 +54,13 @@ def test_trained_heads_load_with_their_threshold(
         assert info["heldout_recall"] >= 0.95 and info["heldout_large_share"] < 1.0
         head = load_head(trained / f"{kind}.safetensors", kind)
         assert head.threshold == pytest.approx(info["threshold"])
-        assert head.top_k == (100 if kind == "r2r" else 0)
+        assert head.top_k == (100 if kind == "r2r" else 20)  # citer, collm: + log-probs
         ctx = PolicyContext(0, 2, embed, tiny_models["small"])
         spec = PolicySpec(kind, {"head": str(trained / f"{kind}.safetensors")})
         assert make_policy(spec, ctx).threshold == pytest.approx(info["threshold"])
-    # r2r's positives are mismatches whose continuations differ: fewer than citer's.
-    assert summary["heads"]["r2r"]["positives"] <= summary["heads"]["citer"]["positives"]
+    # r2r's positives are mismatches whose continuations differ; citer's the wrong tokens.
+    assert summary["heads"]["r2r"]["positives"] <= summary["mismatches"]
+    assert summary["heads"]["citer"]["positives"] == summary["wrong"]
 
 
 def test_trained_heads_serve_their_pair_only(tiny_models: dict[str, Path], trained: Path) -> None:
@@ -73,3 +75,27 @@ def test_trained_heads_serve_their_pair_only(tiny_models: dict[str, Path], train
     from_dict(cfg("large"), trained)
     with pytest.raises(ConfigError, match=r"policy.head: .*r2r.safetensors.*the large model"):
         from_dict(cfg("mid"), trained)
+
+
+def test_the_evaluation_scores_every_position_with_trained_and_random_heads(
+    tiny_models: dict[str, Path], trained: Path, tmp_path: Path
+) -> None:
+    """eval_routing's curves on teacher-forced positions: each head (trained, and the
+    untrained one of its shape) reads the features the data gives it."""
+    import argparse
+
+    import eval_routing
+    from routerkit import data
+
+    prompts, answers = [[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15, 16]]
+    pos = data.teacher_force(tiny_models["small"], prompts, answers)
+    args = argparse.Namespace(heads=trained, out=tmp_path)
+    curves = eval_routing.curves(args, pos, [0.2, 0.5])
+    labels = [c[0] for c in curves]
+    assert labels == ["entropy rule", "glimp"] + [
+        f"{p}{k}{s}"
+        for k in ("citer", "r2r", "collm")
+        for p, s in (("", " trained"), ("random ", ""))
+    ]
+    for _, _, taus, score in curves:
+        assert len(taus) == 2 and score.shape == (7,) and torch.isfinite(score).all()

@@ -4,9 +4,14 @@
     2. positions    the small model reads prompt + answer in one forward (transformers);
                     per answer position j it predicted: its final-norm hidden state, its
                     top-k logits (descending), its greedy token and that token's input
-                    embedding, the large model's token a_j, and two entropies (R-Stitch's
-                    normalised one, GlimpRouter's top-20 one) for the baselines
-    3. divergence   (r2r) at a mismatch (small greedy g_j != a_j) the large model continues
+                    embedding, the large model's token a_j, two entropies (R-Stitch's
+                    normalised one, GlimpRouter's top-20 one) for the baselines, and the
+                    logits' features citer and collm read beside h (heads.logit_features:
+                    top LOGPROB_K log-probabilities and those two entropies)
+    3. wrongness    (citer, collm) the large model reads prompt + answer too: per
+                    position, how much less likely it finds the small model's greedy token
+                    than its own (nats, `gap`; 0 where they agree)
+    4. divergence   (r2r) at a mismatch (small greedy g_j != a_j) the large model continues
                     greedily from prompt + a[:j] + g_j to the end of the sentence (a token
                     whose text holds . ! ? or a newline, or EOS) or 32 tokens; the mismatch
                     is divergent when that differs from its own answer after a_j, cut the
@@ -16,11 +21,17 @@
 
 Labels (`labels`): citer and collm route to the large model where the small model is
 wrong and the large one right; the large model is the teacher, right by definition on
-its own answer, so: small greedy != large greedy. r2r: divergent mismatches only.
+its own answer, and the small model is wrong where the large model finds its token at
+least WRONG_RATIO times less likely than its own (gap >= log WRONG_RATIO). A token the
+large model itself nearly chose (a synonym, another way to start a sentence) costs
+little: on the demo pair, heads trained on every mismatch (74% of positions) ranked the
+costly ones no better than the entropy rule (docs/quality.md). r2r: divergent mismatches
+only.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -32,10 +43,13 @@ from trd.engines.spec import EngineSpec
 from trd.models.checkpoint import read_checkpoint
 from trd.policies.base import normalized_entropy
 from trd.policies.glimp import top_entropy
+from trd.policies.heads import logit_features
 from trd.policies.steps import token_texts
 from trd.protocol import SamplingParams
 
 TOP_K = 100  # R2R's top logits
+LOGPROB_K = 20  # citer's and collm's top log-probabilities
+WRONG_RATIO = 10.0  # citer/collm: the small token is wrong this many times less likely
 CONTINUATION = 32  # tokens, at most
 SENTENCE_END = ".!?\n"
 
@@ -53,6 +67,8 @@ class Positions:
     entropy: torch.Tensor  # (N,) normalised entropy (R-Stitch's score)
     probe: torch.Tensor  # (N,) top-20 entropy in nats (GlimpRouter's score)
     divergent: torch.Tensor  # (N,) 1 divergent, 0 not (match or neutral), -1 unlabelled
+    logit_feats: torch.Tensor  # (N, LOGPROB_K + 2) heads.logit_features of its logits
+    gap: torch.Tensor  # (N,) log p_large(large's token) - log p_large(small's); NaN: not read
 
     def select(self, mask: torch.Tensor) -> Positions:
         return Positions(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
@@ -61,13 +77,15 @@ class Positions:
         """1 = route this position to the large model."""
         if kind == "r2r":
             return (self.divergent == 1).float()
-        return (self.small != self.large).float()
+        if self.gap.isnan().any():
+            raise ValueError("citer/collm labels need label_wrong() first")
+        return (self.gap >= math.log(WRONG_RATIO)).float()
 
     def features(self, kind: str) -> torch.Tensor:
         """The head's input, as the policies build it (trd/policies/gated.py)."""
         if kind == "r2r":
             return torch.cat([self.hidden, self.emb, self.top], dim=-1)
-        return self.hidden
+        return torch.cat([self.hidden, self.logit_feats], dim=-1)
 
 
 def large_engine(large: Path, cpu_linear: str) -> Engine:
@@ -103,7 +121,28 @@ def teacher_force(small: Path, prompts: list[list[int]], answers: list[list[int]
         rows["entropy"].append(normalized_entropy(logits))
         rows["probe"].append(top_entropy(logits))
         rows["divergent"].append(torch.full((len(ans),), -1, dtype=torch.int8))
+        rows["logit_feats"].append(logit_features(logits, LOGPROB_K))
+        rows["gap"].append(torch.full((len(ans),), math.nan))
     return Positions(**{k: torch.cat(v) for k, v in rows.items()})
+
+
+@torch.no_grad()
+def label_wrong(
+    large: Path, prompts: list[list[int]], answers: list[list[int]], pos: Positions
+) -> None:
+    """Fill `pos.gap`: the large model teacher-forced over each prompt + answer."""
+    model = AutoModelForCausalLM.from_pretrained(large, dtype=torch.float32).eval()
+    vocab = read_checkpoint(large).vocab_limit
+    row = 0
+    for prompt, ans in zip(prompts, answers, strict=True):
+        if not ans:
+            continue
+        at = slice(len(prompt) - 1, len(prompt) + len(ans) - 1)
+        logp = model(torch.tensor([prompt + ans])).logits[0, at, :vocab].log_softmax(-1)
+        rows = slice(row, row + len(ans))
+        own = logp.gather(1, pos.large[rows, None])[:, 0]
+        pos.gap[rows] = own - logp.gather(1, pos.small[rows, None])[:, 0]
+        row += len(ans)
 
 
 def stop_tokens(model_dir: Path) -> list[int]:

@@ -4,7 +4,8 @@ File format (one `.safetensors` file per head):
 
     tensors   layers.0.weight (out, in), layers.0.bias (out,), layers.1.weight, ...
     metadata  kind        "citer" | "r2r" | "collm"
-              top_k       "<k>": top logits r2r reads ("0" for the others)
+              top_k       "<k>": r2r: the top raw logits it reads; citer, collm: the top
+                          log-probabilities it reads with the two entropies ("0": h only)
               threshold   the threshold training chose, in the policy's own sense (citer:
                           confidence below it escalates; r2r/collm: score at or above it);
                           used when the config gives none (0.5 on untrained heads)
@@ -13,8 +14,9 @@ File format (one `.safetensors` file per head):
               training    JSON: how it was trained (labels, counts, held-out recall/share)
 
 The head is an MLP: Linear, ReLU, Linear, ..., then a sigmoid on the single output.
-Inputs: citer and collm read the small model's last hidden state h; r2r reads
-concat(h, embedding of the sampled token, top-k logits sorted descending).
+Inputs: citer and collm read the small model's last hidden state h, and with top_k > 0
+concat(h, logit_features(logits, top_k)); r2r reads concat(h, embedding of the sampled
+token, top-k logits sorted descending).
 """
 
 from __future__ import annotations
@@ -28,11 +30,29 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
+from trd.policies.base import normalized_entropy
+from trd.policies.glimp import top_entropy
 from trd.policies.pair import PairIdentity
 from trd.policies.params import PolicyError
 
 KINDS = ("citer", "r2r", "collm")
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def logit_features(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, V) -> (B, k + 2): the k largest log-probabilities (descending), R-Stitch's
+    normalised entropy and GlimpRouter's top-20 entropy. Beside h they give citer and
+    collm the scores the entropy rules use, so training can only add to them: on the demo
+    pair, heads on h alone rank the small model's bad tokens worse than entropy does
+    (docs/quality.md)."""
+    logp = torch.log_softmax(logits, dim=-1)
+    top = torch.topk(logp, min(k, logits.shape[-1]), dim=-1).values
+    ents = torch.stack([normalized_entropy(logits), top_entropy(logits)], dim=-1)
+    return torch.cat([top, ents.to(top.dtype)], dim=-1)
+
+
+def num_logit_features(top_k: int) -> int:
+    return top_k + 2 if top_k else 0
 
 
 class RouterHead:
