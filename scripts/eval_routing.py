@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from trd.policies.heads import load_head, num_logit_features, save_random_head
+from trd.policies.heads import load_head, save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 
@@ -74,9 +74,9 @@ def quantile_taus(score: torch.Tensor, shares: list[float], low_escalates: bool)
     return sorted(float(torch.quantile(score.double(), q)) for q in qs)
 
 
-def head_scores(path: Path, kind: str, pos: data.Positions) -> torch.Tensor:
+def head_scores(path: Path, kind: str, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return load_head(path, kind)(pos.features(kind).float())
+        return load_head(path, kind)(x)
 
 
 def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -> list[Any]:
@@ -86,16 +86,15 @@ def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -
          pos.entropy),
         ("glimp", PolicySpec("glimp"), quantile_taus(pos.probe, shares, False), pos.probe),
     ]  # fmt: skip
-    hidden = pos.hidden.shape[1]
     random_dir = args.out / "random"
     random_dir.mkdir(parents=True, exist_ok=True)
     for seed, kind in enumerate(KINDS, start=1):
-        top_k = pos.top.shape[1] if kind == "r2r" else data.LOGPROB_K
-        width = 2 * hidden + top_k if kind == "r2r" else hidden + num_logit_features(top_k)
-        rand = save_random_head(random_dir / f"{kind}.safetensors", kind, width, 128, seed, top_k)
+        x = pos.features(kind).float()
+        rand = save_random_head(random_dir / f"{kind}.safetensors", kind, x.shape[1], 128, seed,
+                                pos.top_k(kind))  # fmt: skip
         for label, path in ((f"{kind} trained", args.heads / f"{kind}.safetensors"),
                             (f"random {kind}", rand)):  # fmt: skip
-            score = head_scores(path, kind, pos)
+            score = head_scores(path, kind, x)
             taus = quantile_taus(score, shares, kind == "citer")
             up = 1 - score if kind == "citer" else score  # citer escalates low confidence
             out.append((label, PolicySpec(kind, {"head": str(path)}), taus, up))
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pair = [args.small, args.large]
     offline = {}
     for label, spec, taus, score in curves(args, pos, shares):
-        offline[label] = recall_threshold(score, (pos.small != pos.large).float())[2]
+        offline[label] = recall_threshold(score, pos.mismatch.float())[2]
         points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
                         TABLE_SHARES)  # fmt: skip
     result = {

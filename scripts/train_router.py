@@ -99,13 +99,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "small": str(args.small), "large": str(args.large), "pair": pair.pair,
         "prompts": len(ps), "prompt_source": args.prompts, "answer_tokens": len(pos.small),
-        "mismatches": int((pos.small != pos.large).sum()),
+        "mismatches": int(pos.mismatch.sum()),
         "wrong": int(pos.labels("citer").sum()), "continuations": continued,
         "divergent": int((pos.divergent == 1).sum()), "heads": {},
     }  # fmt: skip
     for kind in ("citer", "r2r", "collm"):
         fitted = fit(kind, pos, args.epochs)
-        top_k = pos.top.shape[1] if kind == "r2r" else data.LOGPROB_K
+        top_k = pos.top_k(kind)
         path = save_head(args.out / f"{kind}.safetensors", kind, fitted.layers, top_k,
                          fitted.threshold, pair, fitted.report)  # fmt: skip
         summary["heads"][kind] = {"path": str(path), "threshold": fitted.threshold,

@@ -41,8 +41,6 @@ from transformers import AutoModelForCausalLM
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.models.checkpoint import read_checkpoint
-from trd.policies.base import normalized_entropy
-from trd.policies.glimp import top_entropy
 from trd.policies.heads import logit_features
 from trd.policies.steps import token_texts
 from trd.protocol import SamplingParams
@@ -64,11 +62,28 @@ class Positions:
     small: torch.Tensor  # (N,) its greedy token
     large: torch.Tensor  # (N,) the large model's token (the answer's)
     prompt: torch.Tensor  # (N,) index of the prompt
-    entropy: torch.Tensor  # (N,) normalised entropy (R-Stitch's score)
-    probe: torch.Tensor  # (N,) top-20 entropy in nats (GlimpRouter's score)
     divergent: torch.Tensor  # (N,) 1 divergent, 0 not (match or neutral), -1 unlabelled
     logit_feats: torch.Tensor  # (N, LOGPROB_K + 2) heads.logit_features of its logits
     gap: torch.Tensor  # (N,) log p_large(large's token) - log p_large(small's); NaN: not read
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        """(N,) normalised entropy (R-Stitch's score)."""
+        return self.logit_feats[:, -2]
+
+    @property
+    def probe(self) -> torch.Tensor:
+        """(N,) top-20 entropy in nats (GlimpRouter's score)."""
+        return self.logit_feats[:, -1]
+
+    @property
+    def mismatch(self) -> torch.Tensor:
+        """(N,) the small model's greedy token differs from the large model's."""
+        return self.small != self.large
+
+    def top_k(self, kind: str) -> int:
+        """The head file's top_k for the features `features(kind)` gives."""
+        return self.top.shape[1] if kind == "r2r" else LOGPROB_K
 
     def select(self, mask: torch.Tensor) -> Positions:
         return Positions(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
@@ -118,8 +133,6 @@ def teacher_force(small: Path, prompts: list[list[int]], answers: list[list[int]
         rows["small"].append(greedy)
         rows["large"].append(torch.tensor(ans))
         rows["prompt"].append(torch.full((len(ans),), i))
-        rows["entropy"].append(normalized_entropy(logits))
-        rows["probe"].append(top_entropy(logits))
         rows["divergent"].append(torch.full((len(ans),), -1, dtype=torch.int8))
         rows["logit_feats"].append(logit_features(logits, LOGPROB_K))
         rows["gap"].append(torch.full((len(ans),), math.nan))
@@ -175,7 +188,7 @@ def label_divergence(
     continuations ran."""
     eos = set(engine.cfg.eos_token_ids)
     stops = set(stop_tokens(engine.spec.checkpoint.path)) | eos
-    wrong = pos.small != pos.large
+    wrong = pos.mismatch
     rate = min(1.0, budget / max(1, int(wrong.sum())))
     gen = torch.Generator().manual_seed(seed)
     labelled = torch.rand(len(wrong), generator=gen) < rate

@@ -140,5 +140,9 @@ def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
 
     V is the tokenizer's vocabulary: the runner cuts the embedding matrix's padding rows
     off the logits, so two models of one family padded differently agree on V."""
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1) / math.log(logits.shape[-1])
+    return logp_entropy(torch.log_softmax(logits, dim=-1))
+
+
+def logp_entropy(logp: torch.Tensor) -> torch.Tensor:
+    """normalized_entropy of rows already turned into log-probabilities."""
+    return -(logp.exp() * logp).sum(-1) / math.log(logp.shape[-1])

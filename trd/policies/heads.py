@@ -30,7 +30,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from trd.policies.base import normalized_entropy
+from trd.policies.base import logp_entropy
 from trd.policies.glimp import top_entropy
 from trd.policies.pair import PairIdentity
 from trd.policies.params import PolicyError
@@ -47,7 +47,7 @@ def logit_features(logits: torch.Tensor, k: int) -> torch.Tensor:
     (docs/quality.md)."""
     logp = torch.log_softmax(logits, dim=-1)
     top = torch.topk(logp, min(k, logits.shape[-1]), dim=-1).values
-    ents = torch.stack([normalized_entropy(logits), top_entropy(logits)], dim=-1)
+    ents = torch.stack([logp_entropy(logp), top_entropy(logits)], dim=-1)
     return torch.cat([top, ents.to(top.dtype)], dim=-1)
 
 

@@ -63,9 +63,11 @@ class ShareControl:
 
     def observe(self, now: float, stats: list[dict[str, Any]]) -> float | None:
         """The engines' latest Stats, in model order; returns a new threshold to install."""
-        if len(stats) < 2 or any("tokens_committed" not in s for s in stats):
-            return None
-        if "handoffs_in" not in stats[-1]:
+        if (
+            len(stats) < 2
+            or any("tokens_committed" not in s for s in stats)
+            or "handoffs_in" not in stats[-1]
+        ):
             return None
         if self.tau is None:
             reported = stats[0].get("policy_threshold")
