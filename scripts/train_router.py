@@ -21,9 +21,11 @@ Written to OUT/{citer,r2r,collm}.safetensors in our head format, with the pair's
 identity (another pair refuses them: `policy.head`) and the chosen threshold (used when
 the config gives none), and OUT/training.json with every count and timing.
 
-Prompts: --prompts chat (the chat template; routerkit/prompts.py's training set, none
-shared with the bench's chat prompts that scripts/eval_routing.py judges on) or corpus
-(held-out fixture text: the fixture pair was trained on plain text).
+Prompts (routerkit/prompts.py; none shared with the bench's chat prompts that
+scripts/eval_routing.py judges on): --prompts magpie (the default for --pair demo: 512
+questions the large model writes itself), chat (64 written ones; the default for other
+pairs) or corpus (held-out fixture text, the default for --pair tiny: the fixture pair
+was trained on plain text).
 """
 
 from __future__ import annotations
@@ -46,15 +48,19 @@ from routerkit.fit import fit
 from routerkit.pairs import resolve_pair
 from routerkit.prompts import prompts
 
+MAGPIE_PROMPTS = 512
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--pair", choices=("demo", "tiny"), help="a known pair (else --small/--large)")
     ap.add_argument("--small", type=Path, help="small model checkpoint folder")
     ap.add_argument("--large", type=Path, help="large model checkpoint folder")
-    ap.add_argument("--prompts", choices=("chat", "corpus"),
-                    help="prompt source (default: corpus for --pair tiny, else chat)")  # fmt: skip
-    ap.add_argument("--num-prompts", type=int, default=64, help="training prompts (default 64)")
+    ap.add_argument("--prompts", choices=("chat", "magpie", "corpus"),
+                    help="prompt source (default: corpus for --pair tiny, magpie for "
+                         "--pair demo, else chat)")  # fmt: skip
+    ap.add_argument("--num-prompts", type=int,
+                    help="training prompts (default: 512 for magpie, else 64)")  # fmt: skip
     ap.add_argument("--max-tokens", type=int, default=96, help="answer length (default 96)")
     ap.add_argument(
         "--continuations",
@@ -71,8 +77,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the large model's CPU linears in our Engine (default onednn)",
     )
     ap.add_argument("--out", type=Path, required=True, help="folder for the heads")
-    args = ap.parse_args(argv)
-    return resolve_pair(ap, args)
+    args = resolve_pair(ap, ap.parse_args(argv), train=True)
+    if args.num_prompts is None:
+        args.num_prompts = MAGPIE_PROMPTS if args.prompts == "magpie" else 64
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -84,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         times[name] = round(time.perf_counter() - t0 - sum(times.values()), 2)
         print(f"{name}: {times[name]:.1f} s", flush=True)
 
-    ps = prompts(args.prompts, "train", args.small, args.num_prompts)
+    ps = prompts(args.prompts, "train", args.small, args.num_prompts, args.large)
+    lap("prompts")
     engine = data.large_engine(args.large, args.cpu_linear)
     answers = data.answer(engine, ps, args.max_tokens)
     lap("large answers")

@@ -21,6 +21,8 @@ from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
 
+import routerkit.prompts as routerkit_prompts
+
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 
 TINY = Budget(conversations=4, max_question=24, max_answer=12, steps=3, batch=2, lr=3e-3)
@@ -113,6 +115,23 @@ def test_teacher_targets_are_the_distributions_that_chose_the_answers(
         assert hit.sum(1).eq(1).all()  # every answer token is among the kept top-k
         assert torch.equal(ex.top_logp[hit], ex.top_logp[:, 0])  # ... and was the greedy pick
         assert (ex.top_logp.exp().sum(1) <= 1 + 1e-4).all()
+
+
+def test_router_training_questions_are_the_large_models_own(large: Path) -> None:
+    """`teacher.questions` (train_router's magpie prompts): the user turn's text alone,
+    distinct, rendered back through the chat template as a prompt ending in the header."""
+    qs = teacher.questions(large, 4, seed=5, workers=2)
+    assert 1 <= len(qs) == len(set(qs)) <= 4
+    for q in qs:
+        assert q == q.strip() and q and "<|im_" not in q and teacher.SYSTEM not in q
+    ids = routerkit_prompts.prompts("magpie", "train", large, 2, large)
+    assert len(ids) == 2  # of 3 asked for (seeded: each ends within 64 tokens)
+    tok = AutoTokenizer.from_pretrained(large)
+    for p in ids:
+        text = tok.decode(p, skip_special_tokens=False)
+        assert text.startswith(teacher.USER_PREFIX) and text.endswith("<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="large model"):
+        routerkit_prompts.prompts("magpie", "train", large, 2)
 
 
 def test_distillation_moves_the_slice_toward_the_teacher(

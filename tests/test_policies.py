@@ -70,6 +70,12 @@ def test_router_head_of_the_wrong_size_is_rejected(tmp_path: Path) -> None:
     make("r2r", ctx(0), {"head": str(ok)})
 
 
+def test_a_head_with_negative_top_k_is_refused_naming_it(tmp_path: Path) -> None:
+    path = save_random_head(tmp_path / "h.safetensors", "citer", HIDDEN, 4, seed=0, top_k=-2)
+    with pytest.raises(PolicyError, match=r"policy.head: .*metadata top_k -2: the number of"):
+        make("citer", ctx(0), {"head": str(path)})
+
+
 def test_a_head_with_top_k_reads_the_logits_features(tmp_path: Path) -> None:
     """collm over [h, top-2 log-probs, normalised entropy, top-20 entropy], weighted on the
     normalised entropy alone: the flat row defers, the peaked one does not, whatever h."""

@@ -29,6 +29,17 @@ def test_recall_rule_picks_the_highest_threshold_keeping_95_percent() -> None:
     assert share == pytest.approx(20 / 101)  # 19 positives and the negative at 0.5
 
 
+def test_prompt_source_and_count_defaults(tiny_models: dict[str, Path]) -> None:
+    """Other pairs: 64 written chat prompts; magpie (the demo pair's default): 512."""
+    pair = ["--small", str(tiny_models["small"]), "--large", str(tiny_models["large"])]
+    args = train_router.parse_args([*pair, "--out", "x"])
+    assert (args.prompts, args.num_prompts) == ("chat", 64)
+    args = train_router.parse_args([*pair, "--prompts", "magpie", "--out", "x"])
+    assert (args.prompts, args.num_prompts) == ("magpie", 512)
+    args = train_router.parse_args(["--pair", "tiny", "--num-prompts", "9", "--out", "x"])
+    assert (args.prompts, args.num_prompts) == ("corpus", 9)
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("routers")

@@ -8,12 +8,16 @@ import argparse
 from benchkit.pairs import load_pair
 
 
-def resolve_pair(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """Fill args.small / args.large from --pair and args.prompts by the pair's default."""
+def resolve_pair(
+    ap: argparse.ArgumentParser, args: argparse.Namespace, *, train: bool = False
+) -> argparse.Namespace:
+    """Fill args.small / args.large from --pair and args.prompts by the pair's default
+    (for training the demo pair: the questions its large model writes)."""
     if args.pair:
         found = load_pair(args.pair).models
         args.small, args.large = args.small or found["small"], args.large or found["large"]
     if not (args.small and args.large):
         ap.error("give --pair, or --small and --large")
-    args.prompts = args.prompts or ("corpus" if args.pair == "tiny" else "chat")
+    default = {"tiny": "corpus", "demo": "magpie" if train else "chat"}.get(args.pair, "chat")
+    args.prompts = args.prompts or default
     return args

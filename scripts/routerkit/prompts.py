@@ -3,24 +3,36 @@
 chat    training: TRAIN_CHAT_PROMPTS below (written here, nothing downloaded);
         judging: the bench kit's CHAT_PROMPTS (scripts/benchkit/chat_prompts.py), which
         share no message with these. Both go through the small model's chat template.
+magpie  training: questions the large model writes itself (`trd.demo.teacher`, seeds
+        no other build uses), as many as asked for: heads trained on 64 written prompts
+        lost to the entropy rule, on 512 of these they beat it (docs/quality.md). For
+        ChatML models (the demo pair); judging: CHAT_PROMPTS, as chat.
 corpus  the fixture pair (trained on plain text): prompts cut from held-out fixture
         documents, the first half of the documents for training, the second for judging.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
 from tokenizers import Tokenizer
 
+from trd.demo import teacher
 from trd.frontend.tokens import PromptEncoder
 from trd.tinymodels.corpus import corpus
 
 from benchkit.chat_prompts import CHAT_PROMPTS
 
-Source = Literal["chat", "corpus"]
+Source = Literal["chat", "magpie", "corpus"]
 Split = Literal["train", "eval"]
+# teacher.converse_parallel's seeds are seed * 1_000_003 + i: the partner's build uses
+# seed 0, demo_quality's held-out chats 7_777_777 + i; these questions use neither.
+MAGPIE_SEED = 2
+# Asked for beyond `count`: some questions run past 64 tokens or repeat.
+MAGPIE_SPARE = 1.25
+MAGPIE_WORKERS = 2
 
 TRAIN_CHAT_PROMPTS = (
     "Explain how a refrigerator keeps food cold.",
@@ -90,10 +102,20 @@ TRAIN_CHAT_PROMPTS = (
 )
 
 
-def prompts(source: Source, split: Split, small_dir: Path, count: int) -> list[list[int]]:
-    """Up to `count` prompts as token ids, of this source and split."""
-    if source == "chat":
-        texts = TRAIN_CHAT_PROMPTS if split == "train" else CHAT_PROMPTS
+def prompts(
+    source: Source, split: Split, small_dir: Path, count: int, large_dir: Path | None = None
+) -> list[list[int]]:
+    """Up to `count` prompts as token ids, of this source and split (magpie's training
+    questions are written by the model in large_dir)."""
+    if source in ("chat", "magpie"):
+        texts: tuple[str, ...] | list[str] = CHAT_PROMPTS
+        if split == "train" and source == "chat":
+            texts = TRAIN_CHAT_PROMPTS
+        elif split == "train":
+            if large_dir is None:
+                raise ValueError("magpie prompts need the large model that writes them")
+            asked = math.ceil(count * MAGPIE_SPARE)
+            texts = teacher.questions(large_dir, asked, seed=MAGPIE_SEED, workers=MAGPIE_WORKERS)
         encoder = PromptEncoder(small_dir)
         return [encoder.chat([{"role": "user", "content": t}]) for t in texts[:count]]
     tok = Tokenizer.from_file(str(small_dir / "tokenizer.json"))

@@ -113,6 +113,8 @@ def load_head(path: Path, kind: str) -> RouterHead:
         top_k = int(meta.get("top_k", "0"))
     except ValueError as exc:
         raise _bad(path, f"bad metadata ({exc})") from None
+    if top_k < 0:
+        raise _bad(path, f"metadata top_k {top_k}: the number of logits it reads, at least 0")
     return RouterHead(layers, kind, top_k, threshold, PairIdentity.from_metadata(meta))
 
 
