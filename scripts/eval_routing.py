@@ -43,6 +43,7 @@ from routerkit.sweep import Job, Judge, run, sweep
 from routerkit.sweep import group_for as start_group
 
 KINDS = ("citer", "r2r", "collm")
+CURVES = ("entropy", "glimp", *KINDS, "random")  # --curves: random = the untrained heads
 TABLE_SHARES = (0.1, 0.2, 0.3, 0.4)  # the equal-share table's columns, refined toward
 
 
@@ -52,8 +53,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--small", type=Path)
     ap.add_argument("--large", type=Path)
     ap.add_argument("--heads", type=Path, required=True, help="train_router.py's --out folder")
-    ap.add_argument("--prompts", choices=("chat", "corpus"),
-                    help="default: corpus for --pair tiny, else chat")  # fmt: skip
+    ap.add_argument("--prompts", choices=("chat", "written", "corpus"),
+                    help="default: corpus for --pair tiny, else chat (the bench's 32 chat "
+                         "prompts); written: those and the 64 chat training prompts, for "
+                         "heads not trained on them")  # fmt: skip
+    ap.add_argument("--curves", default=",".join(CURVES),
+                    help=f"which curves to sweep (default all: {','.join(CURVES)})")  # fmt: skip
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument(
@@ -64,8 +69,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--cpu-linear", choices=("onednn", "torch"), default="onednn")
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
-    return resolve_pair(ap, args)
+    args = resolve_pair(ap, ap.parse_args(argv))
+    unknown = set(args.curves.split(",")) - set(CURVES)
+    if unknown:
+        ap.error(f"--curves: unknown {', '.join(sorted(unknown))}; choose from {', '.join(CURVES)}")
+    if args.prompts == "written" and heads_prompt_source(args.heads) == "chat":
+        ap.error(f"--prompts written: the heads in {args.heads} were trained on chat prompts")
+    return args
+
+
+def heads_prompt_source(heads: Path) -> str | None:
+    """The prompt source train_router.py recorded for the heads (None: no training.json)."""
+    path = heads / "training.json"
+    return json.loads(path.read_text()).get("prompt_source") if path.is_file() else None
 
 
 def quantile_taus(score: torch.Tensor, shares: list[float], low_escalates: bool) -> list[float]:
@@ -101,6 +117,13 @@ def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -
     return out
 
 
+def curve_name(label: str) -> str:
+    """The --curves name of a curve's label ("citer trained" -> citer, "random r2r" ->
+    random, "entropy rule" -> entropy)."""
+    first, *rest = label.split()
+    return {"trained": first}.get(rest[0] if rest else "", first)
+
+
 def alone(path: Path, jobs: list[Job], args: argparse.Namespace) -> tuple[list[Any], float]:
     """One model serving the jobs by itself: (generations, seconds)."""
     group = start_group([path], PolicySpec("scripted", {"schedule": [0]}), args.cpu_linear)
@@ -131,7 +154,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pos = data.teacher_force(args.small, [p for p, _ in jobs], judge.reference)
     pair = [args.small, args.large]
     offline = {}
+    wanted = set(args.curves.split(","))
     for label, spec, taus, score in curves(args, pos, shares):
+        if curve_name(label) not in wanted:
+            continue
         offline[label] = recall_threshold(score, pos.mismatch.float())[2]
         points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
                         TABLE_SHARES)  # fmt: skip

@@ -1,10 +1,17 @@
-"""scripts/eval_routing.py's arithmetic: where refined sweep points go, and the equal-share
-table (the sweep itself runs engine processes: docs/quality.md has a run)."""
+"""scripts/eval_routing.py's arithmetic and options: where refined sweep points go, the
+equal-share table, the curves and prompt sets it may run (the sweep itself runs engine
+processes: docs/quality.md has a run)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+import eval_routing
+from benchkit.chat_prompts import CHAT_PROMPTS
+from routerkit.prompts import TRAIN_CHAT_PROMPTS, prompts
 from routerkit.report import at_share, table
 from routerkit.sweep import Point, refinements
 
@@ -29,3 +36,34 @@ def test_the_table_interpolates_inside_the_measured_range_only() -> None:
     md = table(rows, [0.2, 0.4]).splitlines()
     assert md[2] == "| x | 0.00 / 3.500 | - |"
     assert len(md) == 3
+
+
+def test_curves_are_chosen_by_name(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    assert [eval_routing.curve_name(label) for label in (
+        "entropy rule", "glimp", "citer trained", "random r2r", "collm trained")] == [
+        "entropy", "glimp", "citer", "random", "collm"]  # fmt: skip
+    pair = ["--small", str(tiny_models["small"]), "--large", str(tiny_models["large"])]
+    args = eval_routing.parse_args([*pair, "--heads", str(tmp_path), "--out", "x",
+                                    "--curves", "entropy,r2r"])  # fmt: skip
+    assert args.curves == "entropy,r2r"
+    with pytest.raises(SystemExit):
+        eval_routing.parse_args([*pair, "--heads", str(tmp_path), "--out", "x",
+                                 "--curves", "entropy,cider"])  # fmt: skip
+
+
+def test_the_written_set_judges_only_heads_not_trained_on_it(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """96 prompts: the bench's 32 and the 64 chat training prompts, refused for heads
+    trained on those and for training."""
+    ps = prompts("written", "eval", tiny_models["small"], 1000)
+    assert len(ps) == len({tuple(p) for p in ps}) == len(CHAT_PROMPTS) + len(TRAIN_CHAT_PROMPTS)
+    with pytest.raises(ValueError, match="judge heads"):
+        prompts("written", "train", tiny_models["small"], 4)
+    pair = ["--small", str(tiny_models["small"]), "--large", str(tiny_models["large"])]
+    argv = [*pair, "--heads", str(tmp_path), "--out", "x", "--prompts", "written"]
+    (tmp_path / "training.json").write_text(json.dumps({"prompt_source": "magpie"}))
+    assert eval_routing.parse_args(argv).prompts == "written"
+    (tmp_path / "training.json").write_text(json.dumps({"prompt_source": "chat"}))
+    with pytest.raises(SystemExit):
+        eval_routing.parse_args(argv)

@@ -7,6 +7,8 @@ magpie  training: questions the large model writes itself (`trd.demo.teacher`, s
         no other build uses), as many as asked for: heads trained on 64 written prompts
         lost to the entropy rule, on 512 of these they beat it (docs/quality.md). For
         ChatML models (the demo pair); judging: CHAT_PROMPTS, as chat.
+written judging only: CHAT_PROMPTS and TRAIN_CHAT_PROMPTS, 96 prompts, for heads that
+        were not trained on the latter (magpie or corpus heads; eval_routing checks).
 corpus  the fixture pair (trained on plain text): prompts cut from held-out fixture
         documents, the first half of the documents for training, the second for judging.
 """
@@ -25,7 +27,7 @@ from trd.tinymodels.corpus import corpus
 
 from benchkit.chat_prompts import CHAT_PROMPTS
 
-Source = Literal["chat", "magpie", "corpus"]
+Source = Literal["chat", "magpie", "written", "corpus"]
 Split = Literal["train", "eval"]
 # teacher.converse_parallel's seeds are seed * 1_000_003 + i: the partner's build uses
 # seed 0, demo_quality's held-out chats 7_777_777 + i; these questions use neither.
@@ -107,6 +109,12 @@ def prompts(
 ) -> list[list[int]]:
     """Up to `count` prompts as token ids, of this source and split (magpie's training
     questions are written by the model in large_dir)."""
+    if source == "written":
+        if split == "train":
+            raise ValueError("the written prompts judge heads; train on chat or magpie")
+        encoder = PromptEncoder(small_dir)
+        texts = CHAT_PROMPTS + TRAIN_CHAT_PROMPTS
+        return [encoder.chat([{"role": "user", "content": t}]) for t in texts[:count]]
     if source in ("chat", "magpie"):
         texts: tuple[str, ...] | list[str] = CHAT_PROMPTS
         if split == "train" and source == "chat":
