@@ -109,22 +109,9 @@ def prompts(
 ) -> list[list[int]]:
     """Up to `count` prompts as token ids, of this source and split (magpie's training
     questions are written by the model in large_dir)."""
-    if source == "written":
-        if split == "train":
-            raise ValueError("the written prompts judge heads; train on chat or magpie")
+    if source != "corpus":
         encoder = PromptEncoder(small_dir)
-        texts = CHAT_PROMPTS + TRAIN_CHAT_PROMPTS
-        return [encoder.chat([{"role": "user", "content": t}]) for t in texts[:count]]
-    if source in ("chat", "magpie"):
-        texts: tuple[str, ...] | list[str] = CHAT_PROMPTS
-        if split == "train" and source == "chat":
-            texts = TRAIN_CHAT_PROMPTS
-        elif split == "train":
-            if large_dir is None:
-                raise ValueError("magpie prompts need the large model that writes them")
-            asked = math.ceil(count * MAGPIE_SPARE)
-            texts = teacher.questions(large_dir, asked, seed=MAGPIE_SEED, workers=MAGPIE_WORKERS)
-        encoder = PromptEncoder(small_dir)
+        texts = _chat_texts(source, split, count, large_dir)
         return [encoder.chat([{"role": "user", "content": t}]) for t in texts[:count]]
     tok = Tokenizer.from_file(str(small_dir / "tokenizer.json"))
     docs = corpus("heldout")
@@ -138,3 +125,19 @@ def prompts(
             if len(out) == count:
                 return out
     return out
+
+
+def _chat_texts(
+    source: Source, split: Split, count: int, large_dir: Path | None
+) -> tuple[str, ...] | list[str]:
+    """The user messages of a chat-template source (chat, magpie, written)."""
+    if split == "eval":
+        return CHAT_PROMPTS + TRAIN_CHAT_PROMPTS if source == "written" else CHAT_PROMPTS
+    if source == "written":
+        raise ValueError("the written prompts judge heads; train on chat or magpie")
+    if source == "chat":
+        return TRAIN_CHAT_PROMPTS
+    if large_dir is None:
+        raise ValueError("magpie prompts need the large model that writes them")
+    asked = math.ceil(count * MAGPIE_SPARE)
+    return teacher.questions(large_dir, asked, seed=MAGPIE_SEED, workers=MAGPIE_WORKERS)
