@@ -19,7 +19,7 @@ import select
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -66,15 +66,29 @@ class Outbox:
     def drain_rings(self) -> list[bytes]:
         return [f for ring in self.endpoint.inbound.values() for f in ring.get_all()]
 
-    def receive(self) -> list[Message]:
+    def receive(self) -> Iterator[Message]:
+        """The frames waiting now, each decoded when the caller takes it: a handoff is
+        handled before the frames behind it are decoded (they wait, it does not)."""
         frames, self.backlog = self.backlog + self.drain_rings(), []
-        msgs = []
         for frame in frames:
             try:
-                msgs.append(decode(frame))
+                msg = decode(frame)
             except ProtocolError as exc:
                 log.error("dropped a malformed frame: %s", exc)
-        return msgs
+                continue
+            yield msg
+
+
+def handle_inbound(node: RoutingEngine, outbox: Outbox) -> bool:
+    """Handle every message waiting on the rings; True if one was a control command."""
+    control = False
+    for msg in outbox.receive():
+        if isinstance(msg, Control):
+            handle_control(node, msg.body)
+            control = True
+        else:
+            node.inbox.handle(msg)
+    return control
 
 
 def spin(endpoint: Endpoint, seconds: float) -> None:
@@ -185,17 +199,16 @@ def serve(
     last_stats = 0.0
     idle_since: float | None = None  # start of the current stretch without a forward
     while not stopping():
-        for msg in outbox.receive():
-            if isinstance(msg, Control):
-                handle_control(node, msg.body)
-                last_stats = 0.0  # answer with fresh stats
-            else:
-                node.inbox.handle(msg)
+        if handle_inbound(node, outbox):
+            last_stats = 0.0  # answer a control command with fresh stats
         now = time.perf_counter()
         delay = node.launch_delay(now)
         if delay == 0.0:
             node.publish_busy()  # before the forward: peers see this engine working
             node.step()
+            # What arrived during the step first: a handoff waits for nothing else.
+            if handle_inbound(node, outbox):
+                last_stats = 0.0
         node.publish_busy()
         if now - last_stats >= STATS_INTERVAL:
             outbox.send(FRONTEND, Stats(spec.index, stats_body(spec, node)))
