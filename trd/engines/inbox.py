@@ -95,7 +95,7 @@ class Inbox:
             req.seq.extend(msg.tokens[have - msg.loc :].tolist())
             req.state = State.RUNNING if req.pages else State.WAITING
         req.handoff_seq = msg.handoff_seq
-        req.anchors = [int(a) for a in msg.anchors]
+        req.anchors = msg.anchors.tolist()
         req.anchors[self.out.index] = len(req.seq)
         req.runnable_since = now
         # Handoff latency excludes time the message waited for this engine's step.
