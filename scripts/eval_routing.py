@@ -95,33 +95,36 @@ def head_scores(path: Path, kind: str, x: torch.Tensor) -> torch.Tensor:
         return load_head(path, kind)(x)
 
 
-def curves(args: argparse.Namespace, pos: data.Positions, shares: list[float]) -> list[Any]:
-    """(label, policy spec, thresholds, escalation score per position) of every curve."""
-    out: list[Any] = [
-        ("entropy rule", PolicySpec("rstitch"), quantile_taus(pos.entropy, shares, False),
-         pos.entropy),
-        ("glimp", PolicySpec("glimp"), quantile_taus(pos.probe, shares, False), pos.probe),
-    ]  # fmt: skip
+def curves(
+    args: argparse.Namespace,
+    pos: data.Positions,
+    shares: list[float],
+    wanted: frozenset[str] = frozenset(CURVES),
+) -> list[Any]:
+    """(label, policy spec, thresholds, escalation score per position) of each wanted
+    curve (names as in --curves); the untrained heads are written only when swept."""
+    out: list[Any] = []
+    if "entropy" in wanted:
+        out.append(("entropy rule", PolicySpec("rstitch"),
+                    quantile_taus(pos.entropy, shares, False), pos.entropy))  # fmt: skip
+    if "glimp" in wanted:
+        out.append(("glimp", PolicySpec("glimp"), quantile_taus(pos.probe, shares, False),
+                    pos.probe))  # fmt: skip
     random_dir = args.out / "random"
-    random_dir.mkdir(parents=True, exist_ok=True)
     for seed, kind in enumerate(KINDS, start=1):
         x = pos.features(kind).float()
-        rand = save_random_head(random_dir / f"{kind}.safetensors", kind, x.shape[1], 128, seed,
-                                pos.top_k(kind))  # fmt: skip
-        for label, path in ((f"{kind} trained", args.heads / f"{kind}.safetensors"),
-                            (f"random {kind}", rand)):  # fmt: skip
+        heads = [(f"{kind} trained", args.heads / f"{kind}.safetensors")] if kind in wanted else []
+        if "random" in wanted:
+            random_dir.mkdir(parents=True, exist_ok=True)
+            rand = save_random_head(random_dir / f"{kind}.safetensors", kind, x.shape[1], 128,
+                                    seed, pos.top_k(kind))  # fmt: skip
+            heads.append((f"random {kind}", rand))
+        for label, path in heads:
             score = head_scores(path, kind, x)
             taus = quantile_taus(score, shares, kind == "citer")
             up = 1 - score if kind == "citer" else score  # citer escalates low confidence
             out.append((label, PolicySpec(kind, {"head": str(path)}), taus, up))
     return out
-
-
-def curve_name(label: str) -> str:
-    """The --curves name of a curve's label ("citer trained" -> citer, "random r2r" ->
-    random, "entropy rule" -> entropy)."""
-    first, *rest = label.split()
-    return {"trained": first}.get(rest[0] if rest else "", first)
 
 
 def alone(path: Path, jobs: list[Job], args: argparse.Namespace) -> tuple[list[Any], float]:
@@ -154,10 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pos = data.teacher_force(args.small, [p for p, _ in jobs], judge.reference)
     pair = [args.small, args.large]
     offline = {}
-    wanted = set(args.curves.split(","))
-    for label, spec, taus, score in curves(args, pos, shares):
-        if curve_name(label) not in wanted:
-            continue
+    for label, spec, taus, score in curves(args, pos, shares, frozenset(args.curves.split(","))):
         offline[label] = recall_threshold(score, pos.mismatch.float())[2]
         points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
                         TABLE_SHARES)  # fmt: skip

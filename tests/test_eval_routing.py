@@ -4,6 +4,7 @@ processes: docs/quality.md has a run)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 import eval_routing
 from benchkit.chat_prompts import CHAT_PROMPTS
+from routerkit import data
 from routerkit.prompts import TRAIN_CHAT_PROMPTS, prompts
 from routerkit.report import at_share, table
 from routerkit.sweep import Point, refinements
@@ -39,9 +41,16 @@ def test_the_table_interpolates_inside_the_measured_range_only() -> None:
 
 
 def test_curves_are_chosen_by_name(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    assert [eval_routing.curve_name(label) for label in (
-        "entropy rule", "glimp", "citer trained", "random r2r", "collm trained")] == [
-        "entropy", "glimp", "citer", "random", "collm"]  # fmt: skip
+    """Only the named curves are built; the untrained heads are written only when swept."""
+    pos = data.teacher_force(tiny_models["small"], [[5, 6, 7]], [[10, 11, 12]])
+    ns = argparse.Namespace(heads=tmp_path / "no-heads", out=tmp_path / "out")
+    built = eval_routing.curves(ns, pos, [0.5], frozenset({"entropy", "glimp"}))
+    assert [c[0] for c in built] == ["entropy rule", "glimp"]
+    assert not (tmp_path / "out" / "random").exists()
+    built = eval_routing.curves(ns, pos, [0.5], frozenset({"entropy", "random"}))
+    assert [c[0] for c in built] == ["entropy rule", "random citer", "random r2r", "random collm"]
+    assert sorted(f.name for f in (tmp_path / "out" / "random").iterdir()) == [
+        "citer.safetensors", "collm.safetensors", "r2r.safetensors"]  # fmt: skip
     pair = ["--small", str(tiny_models["small"]), "--large", str(tiny_models["large"])]
     args = eval_routing.parse_args([*pair, "--heads", str(tmp_path), "--out", "x",
                                     "--curves", "entropy,r2r"])  # fmt: skip
