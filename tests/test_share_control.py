@@ -105,6 +105,10 @@ def workload(rng: random.Random, docs: list[str]) -> dict[str, Any]:
 
 
 HOLD_S = 30
+# Consecutive 1 s samples in the band before the hold starts: the first crossing can be
+# the controller passing through the target on an overshoot (a fresh-clone CI run held
+# from such a crossing while the threshold still moved 0.94 -> 0.84: 34.3% over the hold)
+SETTLE_SAMPLES = 3
 
 
 def test_the_daemon_holds_the_large_share(tiny_models: dict[str, Path], tmp_path: Path) -> None:
@@ -128,15 +132,18 @@ def test_the_daemon_holds_the_large_share(tiny_models: dict[str, Path], tmp_path
         for t in threads:
             t.start()
         reached = None
+        in_band = 0
         samples: list[tuple[float, int, int, dict]] = []
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             time.sleep(1.0)
             status = daemon.status()
             counts = [e["tokens_committed"] or 0 for e in status["engines"]]
             samples.append((time.monotonic(), counts[-1], sum(counts), status))
             measured = status["share"]["measured"]
-            if reached is None and measured is not None and abs(measured - TARGET) <= 0.03:
+            near = measured is not None and abs(measured - TARGET) <= 0.03
+            in_band = in_band + 1 if near else 0
+            if reached is None and in_band >= SETTLE_SAMPLES:
                 reached = time.monotonic()
             # 30 s of hold: over a shorter stretch one sampled response can move the
             # share by a few points (15 s failed once by 0.001 past the bound)
