@@ -1,8 +1,17 @@
-"""Shared fixtures: the tiny fixture models, built once into the repo's .cache/ folder."""
+"""Shared fixtures: the tiny fixture models, built once into the repo's .cache/ folder.
+
+The demo pair (tests marked `demo_pair`) takes minutes to build on a fresh checkout, so
+a run that collects such tests starts building it at once in a niced background process
+and runs those tests last: the build uses the core the other tests leave idle, and
+`ensure_demo_pair` in their fixtures waits on the cache's lock until it is done (or
+builds in the foreground, with its real error, if the background build failed).
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +27,32 @@ os.environ.setdefault("TRD_CACHE_DIR", str(CACHE_DIR))
 # One thread in the test process: next to the engine processes under test, OpenMP
 # threads spin against them on a 2-core machine and everything runs many times slower.
 torch.set_num_threads(1)
+# Lowest priority: the build may only slow the tests it runs beside by a little.
+BUILD_NICENESS = 19
+_build: subprocess.Popen[bytes] | None = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the demo-pair tests last, and start building their pair now."""
+    global _build
+    demo = [item for item in items if item.get_closest_marker("demo_pair")]
+    if not demo or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item not in demo] + demo
+    code = f"import trd.demo.pair as p; p.ensure_demo_pair('smollm2', {str(CACHE_DIR)!r})"
+    CACHE_DIR.mkdir(exist_ok=True)
+    with (CACHE_DIR / "demo-pair-build.log").open("wb") as log:
+        _build = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT, preexec_fn=lambda: os.nice(BUILD_NICENESS),
+        )  # fmt: skip
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An interrupted or partial run leaves no build behind (the cache keeps no half)."""
+    if _build is not None and _build.poll() is None:
+        _build.terminate()
+        _build.wait()
 
 
 @pytest.fixture(scope="session")
