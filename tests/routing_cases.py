@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -56,14 +57,20 @@ def specs(
     """float64 engine specs for `paths` routed by `policy`, built as the daemon builds them."""
     settings = {"max_batch_tokens": 512, **settings}
     return [
-        EngineSpec.of(
-            p,
-            index=i,
-            num_models=len(paths),
-            policy=PolicySpec(policy, params),
-            dtype="float64",
-            kv_tokens=kv_tokens,
-            **settings,
+        dataclasses.replace(
+            EngineSpec.of(
+                p,
+                index=i,
+                num_models=len(paths),
+                policy=PolicySpec(policy, params),
+                dtype="float64",
+                kv_tokens=kv_tokens,
+                **settings,
+            ),
+            # One thread each, both cores for a forward while the peers are idle
+            # (`ThreadShare`): what the daemon's auto setting gives on 2 cores.
+            threads_alone=2,
+            host_peers=tuple(j for j in range(len(paths)) if j != i),
         )
         for i, p in enumerate(paths)
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -43,6 +44,18 @@ def test_defaults_fill_a_minimal_config(raw: dict[str, Any]) -> None:
     assert cfg.max_model_len == 4096  # the fixtures' max_position_embeddings
     assert (cfg.policy.name, cfg.max_retries, cfg.grace_s) == ("rstitch", 3, 30.0)
     assert cfg.threads() >= 1
+
+
+def test_threads_alone_widens_to_the_cores_only_when_threads_is_auto(
+    raw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    cfg = from_dict(raw, Path("/"))
+    assert (cfg.threads(), cfg.threads_alone()) == (4, 8)
+    raw["engine"] = {"threads": 2}  # an operator's limit stays the limit
+    assert from_dict(raw, Path("/")).threads_alone() == 2
+    raw["engine"] = {"threads": 2, "threads_alone": 6}
+    assert from_dict(raw, Path("/")).threads_alone() == 6
 
 
 def test_example_config_is_valid_with_real_model_paths(
@@ -114,6 +127,7 @@ BAD = [  # (key to set, value, expected start of the message)
     ("engine.page_size", 0, "engine.page_size: 0: must be >= 1"),
     ("engine.threads", "many", "engine.threads: 'many': expected an integer"),
     ("engine.threads", 0, "engine.threads: 0: must be >= 1"),
+    ("engine.threads_alone", 0, "engine.threads_alone: 0: must be >= 1"),
     ("engine.attention", "xformers", "engine.attention: 'xformers': expected one of"),
     ("engine.pag_size", 16, "engine.pag_size: 16: unknown key"),
     ("engine.pending_kv", "no", "engine.pending_kv: 'no': expected true or false"),

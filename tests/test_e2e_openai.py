@@ -38,7 +38,11 @@ def launched(
 ) -> Iterator[Daemon]:
     """The daemon process, still loading its engines (the oracle runs meanwhile)."""
     tmp = tmp_path_factory.mktemp("e2e_openai")
-    d = launch_daemon(write_config(tmp, tiny_models, NAMES, dtype="float64", admin_token=TOKEN))
+    # A forward with every request on its engine takes the other core too: the oracle
+    # comparisons below hold with that on.
+    engine = {"threads": 1, "threads_alone": 2, "max_batch_tokens": 512}
+    config = write_config(tmp, tiny_models, NAMES, "float64", admin_token=TOKEN, engine=engine)
+    d = launch_daemon(config)
     yield d
     assert d.stop() == 0, d.log()
 
@@ -181,6 +185,22 @@ def test_models_health_and_metrics(daemon: Daemon) -> None:
         "trd_handoffs_total{",
     ):
         assert name in text, name
+    completion(daemon, PROMPTS[0], stream=False)  # one request alone: each model runs wide
+    deadline = time.monotonic() + 30
+    while set(wide_forwards(daemon)) != set(NAMES):
+        assert time.monotonic() < deadline, wide_forwards(daemon)
+        time.sleep(0.2)
+
+
+def wide_forwards(d: Daemon) -> dict[str, float]:
+    """Models with forwards on more threads than their share, by the engines' stats."""
+    _, text = d.get("/metrics")
+    counts = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("trd_engine_wide_forwards_total{")
+    }
+    return {name: n for name, n in counts.items() if n > 0}
 
 
 def raw_post(d: Daemon, path: str, body: bytes, timeout: float = 30) -> tuple[int, Any]:

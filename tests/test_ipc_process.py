@@ -199,14 +199,25 @@ def test_spin_returns_when_a_frame_arrives_and_gives_up_after_its_budget() -> No
     with Mesh(prefix, n_engines=1, capacity=1 << 12) as mesh:
         engine = mesh.endpoint(0)
         start = time.perf_counter()
-        spin(engine, 0.05)
+        spin(engine, 0.05, lambda: False)
         assert time.perf_counter() - start >= 0.05
         assert not engine.readable()
         later = threading.Timer(0.02, mesh.endpoint(FRONTEND).outbound[0].put, [b"x"])
         later.start()
         start = time.perf_counter()
-        spin(engine, 60.0)
+        spin(engine, 60.0, lambda: False)
         later.join()
         assert engine.readable()
         assert time.perf_counter() - start < 30.0  # returned for the frame, not the budget
         assert engine.inbound[FRONTEND].get() == b"x"
+
+
+def test_spin_stops_when_told_to() -> None:
+    """An idle engine stops polling as soon as a peer's wide forward wants the core."""
+    prefix = instance_prefix(os.getpid(), uuid.uuid4().hex[:8])
+    with Mesh(prefix, n_engines=1, capacity=1 << 12) as mesh:
+        wanted = threading.Event()
+        threading.Timer(0.02, wanted.set).start()
+        start = time.perf_counter()
+        spin(mesh.endpoint(0), 60.0, wanted.is_set)
+        assert wanted.is_set() and time.perf_counter() - start < 30.0

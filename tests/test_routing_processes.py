@@ -65,6 +65,17 @@ def cases(heads: dict[str, Path]) -> list[tuple[str, dict[str, Any], int]]:
 CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "glimp", "ensemble-3", "scripted-3"]
 
 
+def wide_forwards(group: EngineGroup, model: int) -> int:
+    """Forwards engine `model` ran on more threads than its share, from fresh stats."""
+    group.stats.pop(model, None)
+    group.control(model, {"op": "stats"})
+    deadline = time.monotonic() + 30
+    while model not in group.stats:
+        assert time.monotonic() < deadline, f"engine {model} sent no stats"
+        group.pump(timeout=0.1)
+    return int(group.stats[model]["wide_forwards"])
+
+
 @pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)
 def test_engines_equal_the_reference_at_every_concurrency(
     tiny_models: dict[str, Path], heads: dict[str, Path], case: int
@@ -89,6 +100,8 @@ def test_engines_equal_the_reference_at_every_concurrency(
                 # exactly once -- never the full context again on a return.
                 fed = {m: d.fed_tokens for m, d in got.dones.items()}
                 assert fed == want.fed, f"c={concurrency} request {i}"
+            if concurrency == 1:  # one request alternates: each forward may take both cores
+                assert all(wide_forwards(group, m) > 0 for m in range(n_models))
     finally:
         group.close()
     assert shm_segments(group.prefix) == []

@@ -145,6 +145,14 @@ class Config:
             return self.engine.threads
         return max(1, (os.cpu_count() or 1) // len(self.local))
 
+    def threads_alone(self) -> int:
+        """CPU threads while the host's other engines are idle (a one-request stretch)."""
+        if self.engine.threads_alone is not None:
+            return self.engine.threads_alone
+        if self.engine.threads is not None:
+            return self.threads()
+        return max(self.threads(), os.cpu_count() or 1)
+
     @classmethod
     def demo(cls, pair: DemoPair, port: int, large_share: float | None = None) -> Config:
         """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1; with

@@ -91,15 +91,16 @@ def handle_inbound(node: RoutingEngine, outbox: Outbox) -> bool:
     return control
 
 
-def spin(endpoint: Endpoint, seconds: float) -> None:
-    """Poll the inbound rings for up to `seconds`, returning as soon as a frame waits.
+def spin(endpoint: Endpoint, seconds: float, stop: Callable[[], bool]) -> None:
+    """Poll the inbound rings for up to `seconds`, returning as soon as a frame waits
+    or `stop()` (a peer's forward wants this core).
 
     Waking a sleeping process costs 30 us on a warm core and 150-200 us on an idle
     virtual CPU; an engine whose request is at a peer polls instead, for a bounded
     time, yielding the core to anything else runnable (the front end).
     """
     end = time.perf_counter() + seconds
-    while not endpoint.readable() and time.perf_counter() < end:
+    while not endpoint.readable() and time.perf_counter() < end and not stop():
         os.sched_yield()
 
 
@@ -117,6 +118,7 @@ def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
         "kv_pages_used": alloc.num_pages - alloc.num_free, "page_size": alloc.page_size,
         "thresholds": node.launch.thresholds, "max_wait_ms": node.launch.max_wait * 1e3,
         "held_launches": node.launch.held_launches, "held_s": node.launch.held_seconds,
+        "threads": spec.threads, "wide_forwards": node.threads.wide_forwards,
         "time": time.time(), **node.stats.snapshot(),
     }  # fmt: skip
     return json.dumps(body)
@@ -205,7 +207,9 @@ def serve(
         delay = node.launch_delay(now)
         if delay == 0.0:
             node.publish_busy()  # before the forward: peers see this engine working
+            torch.set_num_threads(node.threads.begin(len(node.engine.scheduler.runnable())))
             node.step()
+            node.threads.end()
             # What arrived during the step first: a handoff waits for nothing else.
             if handle_inbound(node, outbox):
                 last_stats = 0.0
@@ -218,8 +222,8 @@ def serve(
             continue
         idle_since = now if idle_since is None else idle_since
         spin_left = min(delay, idle_since + spin_s - now)
-        if spin_left > 0 and node.expects_return():
-            spin(endpoint, spin_left)
+        if spin_left > 0 and node.expects_return() and not node.threads.peer_wide():
+            spin(endpoint, spin_left, node.threads.peer_wide)
         elif endpoint.prepare_sleep():
             select.select([efd], [], [], min(delay, STATS_INTERVAL))
             endpoint.wake()

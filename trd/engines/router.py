@@ -28,6 +28,7 @@ from trd.engines.request import Request, State
 from trd.engines.spec import EngineSpec
 from trd.engines.stats import EngineStats
 from trd.engines.step import StepResult
+from trd.engines.threads import ThreadShare
 from trd.ipc.counters import Counters
 from trd.ipc.names import FRONTEND
 from trd.policies.base import Route, RouteBatch, RoutingPolicy, host_routes
@@ -50,6 +51,9 @@ class RoutingEngine:
         self.out = Outbound(spec.index, send)
         self.inbox = Inbox(engine, policy, self.out, self.stats)
         self.launch: LaunchRule = make_launch_rule(spec, counters)
+        self.threads = ThreadShare(
+            spec.index, spec.threads, spec.threads_alone, spec.host_peers, counters
+        )
         # Ablation: without pending KV a request's pages are freed when it leaves.
         self.leave: Callable[[Request], None] = (
             (lambda req: None) if spec.settings.pending_kv else engine.scheduler.drop_kv

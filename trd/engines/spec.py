@@ -85,6 +85,10 @@ class EngineSettings:
     max_batch_size: int = setting(64, "requests one forward holds at most", low=1)
     threads: int | None = setting(None, "torch threads per engine (auto: cores / engines)",
                                   low=1, auto=True)  # fmt: skip
+    threads_alone: int | None = setting(
+        None, "torch threads for a forward while the host's other engines are idle "
+        "(auto: the host's cores on CPU when threads is auto, else threads)", low=1, auto=True,
+    )  # fmt: skip
     spin_ms: float = setting(20.0, "poll this long (not sleep) while a request is at a peer",
                              low=0)  # fmt: skip
     cpu_linear: str = setting("torch", "CPU linears: torch, or onednn (packed, float32 only)",
@@ -135,6 +139,8 @@ class EngineSpec:
     policy: PolicySpec = PolicySpec("scripted")  # noqa: RUF009 - frozen, shared safely
     settings: EngineSettings = EngineSettings()
     threads: int = 1
+    threads_alone: int = 0  # 0: threads (never wider)
+    host_peers: tuple[int, ...] = ()  # the other engines on this host (they share its cores)
     thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
     batching: BatchingSettings = BatchingSettings()
     env: dict[str, str] = field(default_factory=dict)  # e.g. the CUDA MPS pipe directory
@@ -142,8 +148,15 @@ class EngineSpec:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not supported (choose from {DTYPES})")
-        if self.kv_pages < 1 or self.max_model_len < 0 or self.threads < 1:
-            raise ValueError(f"engine {self.name!r}: kv_pages, threads >= 1 and max_model_len >= 0")
+        if (
+            self.kv_pages < 1
+            or self.max_model_len < 0
+            or self.threads < 1
+            or self.threads_alone < 0
+        ):
+            raise ValueError(
+                f"engine {self.name!r}: kv_pages, threads >= 1; threads_alone, max_model_len >= 0"
+            )
         if self.device.startswith("cuda"):
             check_cuda_dtype(f"engine {self.name!r}: dtype", self.dtype, self.settings.attention)
         if self.settings.cpu_linear == "onednn" and (

@@ -232,7 +232,8 @@ class AdminApi:
                 "step_ms_p50": s.get("step_ms_p50"), "tokens_per_s": tok_s,
                 "handoffs_per_s": hand_s, "tokens_committed": s.get("tokens_committed"),
                 "handoffs_out": s.get("handoffs_out"), "thresholds": s.get("thresholds"),
-                "max_wait_ms": s.get("max_wait_ms"),
+                "max_wait_ms": s.get("max_wait_ms"), "threads": s.get("threads"),
+                "wide_forwards": s.get("wide_forwards"),
             })  # fmt: skip
         return out
 

@@ -43,6 +43,11 @@ class _EngineCollector(Collector):
         ("trd_handoffs", "handoffs_out", "Handoffs sent to another model"),
         ("trd_engine_tokens_committed", "tokens_committed", "Output tokens the engine committed"),
         ("trd_engine_steps", "steps", "Forwards the engine ran"),
+        (
+            "trd_engine_wide_forwards",
+            "wide_forwards",
+            "Forwards run on the idle cores of the host too (engine.threads_alone)",
+        ),
     )
 
     def __init__(self, stats: EngineStats) -> None:

@@ -3,9 +3,12 @@
     slot 0          active requests in the daemon (written by the front end)
     slot 1 + i      requests runnable or running on engine i (written by engine i)
     slot 1 + E + i  forwards engine i has completed (the step_sync ablation's barrier)
+    slot 1 + 2E + i engine i runs a forward on more threads than its share (`ThreadShare`)
 
 Each slot has exactly one writer; readers tolerate a stale value (it only makes an
-engine launch a little early or late, never deadlocks: see the max_wait guard).
+engine launch a little early or late, or two engines run wide for one forward, never
+deadlocks: see the max_wait guard). Remote links mirror the first 1 + 2E slots
+(`num_slots`); the last E are about this host's cores and stay on it.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ class Counters:
         self.name, self.num_engines = name, num_engines
         self._shm = shm
         self._mm = map_segment(name)
-        self._slots = np.frombuffer(self._mm, dtype=np.int64, count=1 + 2 * num_engines)
+        self._slots = np.frombuffer(self._mm, dtype=np.int64, count=1 + 3 * num_engines)
 
     @classmethod
     def create(cls, name: str, num_engines: int) -> Counters:
-        shm = SharedMemory(name, create=True, size=8 * (1 + 2 * num_engines))
+        shm = SharedMemory(name, create=True, size=8 * (1 + 3 * num_engines))
         shm.close()
         return cls(name, num_engines, shm)
 
@@ -56,12 +59,19 @@ class Counters:
     def set_steps(self, engine: int, n: int) -> None:
         self._slots[1 + self.num_engines + engine] = n
 
+    def wide(self, engine: int) -> bool:
+        return bool(self._slots[1 + 2 * self.num_engines + engine])
+
+    def set_wide(self, engine: int, wide: bool) -> None:
+        self._slots[1 + 2 * self.num_engines + engine] = int(wide)
+
     def engine_slots(self, engine: int) -> tuple[int, int]:
         """The slots engine `engine` writes; a remote-engine link mirrors them by number."""
         return 1 + engine, 1 + self.num_engines + engine
 
     @property
     def num_slots(self) -> int:
+        """The slots remote links mirror."""
         return 1 + 2 * self.num_engines
 
     def read(self, slots: list[int]) -> dict[int, int]:

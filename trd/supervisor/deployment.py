@@ -110,8 +110,11 @@ def plan_deployment(cfg: Config) -> Deployment:
     )
     gpu = next((g for g in gpus if f"cuda:{g.index}" == device), None)
     pages = {mp.name: mp.pages for mp in plan.models}
+    local = tuple(i for i, m in enumerate(cfg.models) if m.checkpoint is not None)
     specs = tuple(
-        _spec(cfg, i, m, gpu, pages[m.name]) if m.checkpoint is not None else _remote(cfg, i, m)
+        _spec(cfg, i, m, gpu, pages[m.name], local)
+        if m.checkpoint is not None
+        else _remote(cfg, i, m)
         for i, m in enumerate(cfg.models)
         if m.checkpoint is not None or m.remote is not None
     )
@@ -119,7 +122,12 @@ def plan_deployment(cfg: Config) -> Deployment:
 
 
 def _spec(
-    cfg: Config, i: int, m: ModelEntry, gpu: devices.GpuInfo | None, pages: int
+    cfg: Config,
+    i: int,
+    m: ModelEntry,
+    gpu: devices.GpuInfo | None,
+    pages: int,
+    local: tuple[int, ...],
 ) -> EngineSpec:
     assert m.checkpoint is not None
     return EngineSpec(
@@ -134,6 +142,9 @@ def _spec(
         policy=cfg.policy,
         settings=cfg.engine,
         threads=cfg.threads(),
+        # On a GPU the forward is not the CPU threads' work: never wider there.
+        threads_alone=cfg.threads_alone() if gpu is None else 0,
+        host_peers=tuple(j for j in local if j != i),
         thresholds=cfg.thresholds.get(m.name, (1,)),
         batching=cfg.batching,
         env=engine_env(gpu),
