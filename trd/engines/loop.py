@@ -206,8 +206,8 @@ def serve(
         now = time.perf_counter()
         delay = node.launch_delay(now)
         if delay == 0.0:
-            node.publish_busy()  # before the forward: peers see this engine working
-            torch.set_num_threads(node.threads.begin(len(node.engine.scheduler.runnable())))
+            runnable = node.publish_busy()  # before the forward: peers see this engine working
+            torch.set_num_threads(node.threads.begin(runnable))
             node.step()
             node.threads.end()
             # What arrived during the step first: a handoff waits for nothing else.

@@ -70,8 +70,11 @@ class RoutingEngine:
     def launch_delay(self, now: float) -> float:
         return self.launch.delay(now, self.engine.scheduler.runnable())
 
-    def publish_busy(self) -> None:
-        self.launch.publish(len(self.engine.scheduler.runnable()))
+    def publish_busy(self) -> int:
+        """Publish this engine's runnable count for its peers; returns it."""
+        runnable = len(self.engine.scheduler.runnable())
+        self.launch.publish(runnable)
+        return runnable
 
     # -- stepping ---------------------------------------------------------------------
     def step(self) -> bool:
