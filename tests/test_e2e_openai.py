@@ -169,14 +169,12 @@ def test_models_health_and_metrics(daemon: Daemon) -> None:
     models = daemon.client().models.list()
     assert [m.id for m in models.data] == ["small+large"]
     assert daemon.get("/health") == (200, {"status": "ok"})
-    status, text = daemon.get("/metrics")
-    assert status == 200
-    produced = {
-        line.split('"')[1]: float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith("trd_generated_tokens_total{")
-    }
-    assert produced["small"] > 0 and produced["large"] > 0
+    completion(daemon, PROMPTS[0], stream=False)  # one request alone: each model runs wide
+    deadline = time.monotonic() + 30
+    while set(produced(daemon)) != set(NAMES) or set(wide_forwards(daemon)) != set(NAMES):
+        assert time.monotonic() < deadline, (produced(daemon), wide_forwards(daemon))
+        time.sleep(0.2)
+    _, text = daemon.get("/metrics")
     for name in (
         "trd_time_to_first_token_seconds_count",
         "trd_e2e_request_latency_seconds_count",
@@ -185,20 +183,26 @@ def test_models_health_and_metrics(daemon: Daemon) -> None:
         "trd_handoffs_total{",
     ):
         assert name in text, name
-    completion(daemon, PROMPTS[0], stream=False)  # one request alone: each model runs wide
-    deadline = time.monotonic() + 30
-    while set(wide_forwards(daemon)) != set(NAMES):
-        assert time.monotonic() < deadline, wide_forwards(daemon)
-        time.sleep(0.2)
+
+
+def produced(d: Daemon) -> dict[str, float]:
+    """Models that have generated tokens, by the front end's counter."""
+    return metric_by_model(d, "trd_generated_tokens_total")
 
 
 def wide_forwards(d: Daemon) -> dict[str, float]:
     """Models with forwards on more threads than their share, by the engines' stats."""
-    _, text = d.get("/metrics")
+    return metric_by_model(d, "trd_engine_wide_forwards_total")
+
+
+def metric_by_model(d: Daemon, metric: str) -> dict[str, float]:
+    """The positive values of a counter labelled by model, from /metrics."""
+    status, text = d.get("/metrics")
+    assert status == 200
     counts = {
         line.split('"')[1]: float(line.split()[-1])
         for line in text.splitlines()
-        if line.startswith("trd_engine_wide_forwards_total{")
+        if line.startswith(metric + "{")
     }
     return {name: n for name, n in counts.items() if n > 0}
 
