@@ -62,7 +62,15 @@ NOOPS = {"n": [None, 1], "best_of": [None, 1], "logprobs": [None, False], "echo"
          "top_logprobs": [None, 0], "suffix": [None, ""], "presence_penalty": [None, 0, 0.0],
          "frequency_penalty": [None, 0.0], "repetition_penalty": [None, 1.0],
          "logit_bias": [None, {}], "tools": [None, []], "tool_choice": [None, "none", "auto"],
-         "response_format": [None, {"type": "text"}]}  # fmt: skip
+         "response_format": [None, {"type": "text"}], "min_p": [None, 0, 0.0],
+         "use_beam_search": [None, False], "length_penalty": [None, 1.0],
+         "prompt_logprobs": [None], "allowed_token_ids": [None], "bad_words": [None, []],
+         "logits_processors": [None], "include_stop_str_in_output": [None, False],
+         "skip_special_tokens": [None, True], "spaces_between_special_tokens": [None, True],
+         "truncate_prompt_tokens": [None], "guided_json": [None], "guided_regex": [None],
+         "guided_choice": [None], "guided_grammar": [None], "structural_tag": [None],
+         "structured_outputs": [None], "priority": [None, 0],
+         "chat_template": [None]}  # fmt: skip
 # Values the schema accepts, per field (min_tokens may still exceed max_tokens).
 VALID: dict[str, st.SearchStrategy[Any]] = {
     "model": st.just(MODEL),
@@ -86,6 +94,9 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     **{name: st.sampled_from(values) for name, values in NOOPS.items()},
     "prompt": texts.filter(bool) | ids | st.tuples(texts.filter(bool) | ids).map(list),
     "messages": st.lists(message, min_size=1, max_size=3),
+    "add_generation_prompt": st.booleans(),
+    "continue_final_message": st.just(False),  # with add_generation_prompt true: a 400
+    "chat_template_kwargs": st.dictionaries(st.sampled_from(["enable_thinking", "x"]), junk),
     "unknown_field": junk,  # ignored
 }
 EDGES = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",

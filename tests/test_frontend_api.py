@@ -17,6 +17,15 @@ def completion(**fields: Any) -> Any:
     return parse_completion({"model": MODEL, "prompt": "hi", **fields}, MODEL, VOCAB)
 
 
+def test_vllm_no_op_values_are_served() -> None:
+    req = completion(
+        min_p=0.0, use_beam_search=False, length_penalty=1.0, skip_special_tokens=True,
+        spaces_between_special_tokens=True, include_stop_str_in_output=False, bad_words=[],
+        guided_json=None, structured_outputs=None, priority=0,
+    )  # fmt: skip
+    assert req.prompt == "hi"
+
+
 def test_completion_fields_become_sampling_params() -> None:
     req = completion(
         max_tokens=7, temperature=0.5, top_p=0.9, top_k=-1, seed=3, stop="\n\n",
@@ -105,6 +114,14 @@ BAD = [  # (fields, status, param, message part)
     ({"frequency_penalty": -1}, 400, "frequency_penalty", "only null or 0 or 0.0"),
     ({"logit_bias": {"5": 1}}, 400, "logit_bias", "only null or {}"),
     ({"tools": [{"type": "function"}]}, 400, "tools", "only null or []"),
+    ({"min_p": 0.1}, 400, "min_p", "only null or 0 or 0.0"),
+    ({"guided_json": {"type": "object"}}, 400, "guided_json", "only null is supported"),
+    ({"guided_choice": ["a", "b"]}, 400, "guided_choice", "only null is supported"),
+    ({"use_beam_search": True}, 400, "use_beam_search", "only null or false"),
+    ({"include_stop_str_in_output": True}, 400, "include_stop_str_in_output", "only null or"),
+    ({"skip_special_tokens": False}, 400, "skip_special_tokens", "only null or true"),
+    ({"prompt_logprobs": 0}, 400, "prompt_logprobs", "only null is supported, got 0"),
+    ({"priority": 1}, 400, "priority", "only null or 0"),
     ({"user": "x" * 41 + "\udfff"}, 400, "user", "lone surrogate (U+DFFF) at index 41"),
 ]
 

@@ -120,7 +120,7 @@ class OpenAIApi:
     async def _prompt(self, req: GenRequest) -> tuple[list[int], SamplingParams]:
         enc = self.served.encoder
         if req.messages is not None:
-            ids = await asyncio.to_thread(enc.chat, req.messages)
+            ids = await asyncio.to_thread(enc.chat, req.messages, req.template)
         elif isinstance(req.prompt, str):
             ids = await asyncio.to_thread(enc.encode, req.prompt)
         else:

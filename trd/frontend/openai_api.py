@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -72,6 +72,15 @@ def describe(v: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatTemplateArgs:
+    """How a chat's messages become its prompt (vLLM's request fields)."""
+
+    add_generation_prompt: bool = True  # open the assistant's turn
+    continue_final_message: bool = False  # the reply extends the last message instead
+    variables: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+
+
+@dataclass(frozen=True, slots=True)
 class GenRequest:
     chat: bool
     prompt: str | list[int] | None  # completions
@@ -84,6 +93,7 @@ class GenRequest:
     include_usage: bool  # a last chunk with the usage
     continuous_usage: bool  # the usage so far in every chunk
     return_token_ids: bool  # each choice carries its token ids and producing models
+    template: ChatTemplateArgs = field(default_factory=ChatTemplateArgs)
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -130,6 +140,7 @@ def _gen(
     default_max: int | None,
     prompt: str | list[int] | None = None,
     messages: list[dict[str, str]] | None = None,
+    template: ChatTemplateArgs | None = None,
 ) -> GenRequest:
     if req.stream_options is not None and not req.stream:
         raise bad("stream_options", "only allowed when stream is true")
@@ -158,7 +169,7 @@ def _gen(
         max_tokens_param=max_param, params=params, stop=stop, stream=bool(req.stream),
         include_usage=bool(options.include_usage),
         continuous_usage=bool(options.continuous_usage_stats),
-        return_token_ids=bool(req.return_token_ids),
+        return_token_ids=bool(req.return_token_ids), template=template or ChatTemplateArgs(),
     )  # fmt: skip
 
 
@@ -172,4 +183,11 @@ def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(ChatRequest, body, vocab_size)
     _check_model(req, served)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    return _gen(req, None, messages=messages)
+    continue_final = bool(req.continue_final_message)
+    add_prompt = req.add_generation_prompt
+    if add_prompt is None:  # vLLM's default is true; continuing a message implies false
+        add_prompt = not continue_final
+    if continue_final and add_prompt:
+        raise bad("continue_final_message", "cannot be true while add_generation_prompt is true")
+    template = ChatTemplateArgs(add_prompt, continue_final, req.chat_template_kwargs or {})
+    return _gen(req, None, messages=messages, template=template)

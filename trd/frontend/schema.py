@@ -3,9 +3,12 @@
 Every integer limit comes from the width its field has on the wire to the engines
 (`trd.protocol.PARAMS_LAYOUT`), so a request accepted here always encodes. Besides
 OpenAI's fields we accept vLLM's extensions that real clients send (top_k, min_tokens,
-ignore_eos, stop_token_ids, stream_options.continuous_usage_stats, return_token_ids).
-Fields we cannot honour are accepted only at their no-op value (n=1, echo=false, ...);
-fields we do not know are ignored, as OpenAI's API does. Strict types: 2.0 is not an
+ignore_eos, stop_token_ids, stream_options.continuous_usage_stats, return_token_ids, and
+for chat add_generation_prompt, continue_final_message, chat_template_kwargs).
+Fields we cannot honour, OpenAI's or vLLM's, are accepted only at their no-op value
+(n=1, echo=false, min_p=0, guided_json=null, ...): a client that asks for them gets a
+400 rather than an answer that silently lacks them. Fields we do not know are ignored,
+as OpenAI's API does. Strict types: 2.0 is not an
 integer, "1" is not a number, 1 is not a boolean.
 
 Unions are tagged by a function of the JSON type, so a mistake gives one error in one
@@ -180,11 +183,56 @@ class GenerationRequest(_Schema):
     tools: Annotated[Any, _only(None, [])] = None
     tool_choice: Annotated[Any, _only(None, "none", "auto")] = None
     response_format: Annotated[Any, _only(None, {"type": "text"})] = None
+    # vLLM's extensions that change the output
+    min_p: Annotated[Any, _only(None, 0, 0.0)] = None
+    use_beam_search: Annotated[Any, _only(None, False)] = None
+    length_penalty: Annotated[Any, _only(None, 1, 1.0)] = None
+    prompt_logprobs: Annotated[Any, _only(None)] = None
+    allowed_token_ids: Annotated[Any, _only(None)] = None
+    bad_words: Annotated[Any, _only(None, [])] = None
+    logits_processors: Annotated[Any, _only(None)] = None
+    include_stop_str_in_output: Annotated[Any, _only(None, False)] = None
+    skip_special_tokens: Annotated[Any, _only(None, True)] = None
+    spaces_between_special_tokens: Annotated[Any, _only(None, True)] = None
+    truncate_prompt_tokens: Annotated[Any, _only(None)] = None
+    guided_json: Annotated[Any, _only(None)] = None
+    guided_regex: Annotated[Any, _only(None)] = None
+    guided_choice: Annotated[Any, _only(None)] = None
+    guided_grammar: Annotated[Any, _only(None)] = None
+    structural_tag: Annotated[Any, _only(None)] = None
+    structured_outputs: Annotated[Any, _only(None)] = None
+    priority: Annotated[Any, _only(None, 0)] = None
 
 
 class CompletionRequest(GenerationRequest):
     prompt: Prompt
 
 
+# apply_chat_template's own arguments and the names it gives the template: not for clients
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+    "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+})  # fmt: skip
+
+
+def _template_kwargs(v: dict[str, Any]) -> dict[str, Any]:
+    for key in v:
+        if not key.isidentifier() or key in RESERVED_TEMPLATE_KWARGS:
+            raise PydanticCustomError(
+                "template_kwarg",
+                "{key} cannot be passed to the chat template",
+                {"key": json.dumps(key)},
+            )
+    return v
+
+
 class ChatRequest(GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
+    add_generation_prompt: bool | None = None  # vLLM's; default true
+    continue_final_message: bool | None = None  # vLLM's: the reply extends the last message
+    chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(_template_kwargs)] | None = (
+        None  # vLLM's: extra template variables, e.g. {"enable_thinking": false} for Qwen3
+    )
+    chat_template: Annotated[Any, _only(None)] = None

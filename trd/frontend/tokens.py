@@ -8,7 +8,7 @@ from jinja2 import TemplateError
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from trd.frontend.openai_api import ApiError
+from trd.frontend.openai_api import ApiError, ChatTemplateArgs
 
 
 class PromptEncoder:
@@ -20,13 +20,31 @@ class PromptEncoder:
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text))
 
-    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat(
+        self, messages: list[dict[str, str]], args: ChatTemplateArgs | None = None
+    ) -> list[int]:
+        args = args or ChatTemplateArgs()
         if not self.hf.chat_template:
             raise ApiError(400, "this model has no chat template; use /v1/completions")
         try:
-            text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except TemplateError as exc:  # the template's raise_exception: a client mistake
-            msg = f"messages: the chat template refuses them: {exc}"
-            raise ApiError(400, msg, "messages") from None
+            text = self.hf.apply_chat_template(
+                messages,
+                add_generation_prompt=args.add_generation_prompt,
+                continue_final_message=args.continue_final_message,
+                tokenize=False,
+                **args.variables,
+            )
+        except (TemplateError, TypeError, ValueError) as exc:
+            # The template's raise_exception, a variable of the wrong type, or a final
+            # message the template does not write as it was given: a client mistake.
+            param = _blamed(exc, args)
+            raise ApiError(400, f"{param}: the chat template refuses them: {exc}", param) from None
         # The template writes the special tokens itself.
         return list(self.hf.encode(text, add_special_tokens=False))
+
+
+def _blamed(exc: Exception, args: ChatTemplateArgs) -> str:
+    """The request field a chat template's refusal is about."""
+    if isinstance(exc, ValueError) and args.continue_final_message:
+        return "continue_final_message"  # transformers cannot find the final message
+    return "chat_template_kwargs" if args.variables else "messages"
