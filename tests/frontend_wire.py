@@ -22,7 +22,7 @@ from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
 from trd.protocol import Emit, FinishReason, SamplingParams, Submit, decode, encode
 from trd.supervisor.generation import Generation
-from trd.supervisor.hub import Hub
+from trd.supervisor.hub import Hub, State
 
 MODEL, VOCAB, CONTEXT = "small+large", 2048, 512
 OUT_TOKENS = [72, 101, 108]  # what WireGroup "generates"
@@ -58,14 +58,24 @@ class Answer:
     ctype: str
     body: Any
     submits: list[Submit]
+    headers: dict[str, str]
 
 
 def post(
-    encoder: PromptEncoder, path: str, body: bytes, ctype: str | None = "application/json"
+    encoder: PromptEncoder,
+    path: str,
+    body: bytes,
+    ctype: str | None = "application/json",
+    max_inflight: int = 8,
+    detached: State | None = None,
 ) -> Answer:
+    """Serve one request; `detached`: the hub has let the engines go into that state."""
+
     async def run() -> Answer:
-        hub, group = Hub(max_inflight=8), WireGroup()
+        hub, group = Hub(max_inflight), WireGroup()
         hub.attach(group)  # type: ignore[arg-type]
+        if detached is not None:
+            hub.detach(detached, f"test: {detached}")
         served = Served(["small", "large"], encoder, CONTEXT, VOCAB, created=0)
         app = OpenAIApi(served, hub, Metrics(dict, hub.gens.values, served.model_id, ())).app()
         async with test_utils.TestClient(test_utils.TestServer(app)) as client:
@@ -74,7 +84,7 @@ def post(
             raw = await resp.read()
         text = raw.decode()
         data = json.loads(text) if resp.content_type == "application/json" else text
-        return Answer(resp.status, resp.content_type, data, group.submits)
+        return Answer(resp.status, resp.content_type, data, group.submits, dict(resp.headers))
 
     return asyncio.run(run())
 

@@ -13,6 +13,7 @@ import pytest
 
 from trd.frontend.body import MAX_BODY_BYTES, MAX_DEPTH
 from trd.frontend.tokens import PromptEncoder
+from trd.supervisor.hub import State
 
 from frontend_wire import OUT_TOKENS, assert_error, chat, completion, post
 
@@ -146,3 +147,26 @@ def test_min_tokens_past_what_the_context_leaves_is_a_400(encoder: PromptEncoder
     )
     served = post(encoder, "/v1/chat/completions", chat(min_tokens=4, max_tokens=4))
     assert served.status == 200 and served.submits[0].params.min_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("max_inflight", "detached", "says", "retry_after"),
+    [(0, None, "overloaded: 0 requests in flight, the limit is 0; retry later", "1"),
+     (8, "restarting", "unavailable: test: restarting", "5"),
+     (8, "starting", "unavailable: test: starting", "5"),
+     (8, "draining", "unavailable: test: draining", None)],
+)  # fmt: skip
+def test_a_daemon_that_cannot_take_the_request_says_when_to_retry(
+    encoder: PromptEncoder,
+    max_inflight: int,
+    detached: State | None,
+    says: str,
+    retry_after: str | None,
+) -> None:
+    """The openai client honours Retry-After; a draining daemon gives none (it is going)."""
+    ans = post(encoder, "/v1/completions", completion(), max_inflight=max_inflight,
+               detached=detached)  # fmt: skip
+    assert ans.status == 503 and ans.body["error"]["type"] == "service_unavailable"
+    assert ans.body["error"]["message"] == says
+    assert ans.headers.get("Retry-After") == retry_after
+    assert ans.submits == []

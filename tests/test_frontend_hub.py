@@ -109,10 +109,11 @@ def test_admission_refuses_when_not_serving_or_overloaded() -> None:
         hub.submit([1], SamplingParams())
         with pytest.raises(Unavailable, match="overloaded") as err:
             hub.submit([1], SamplingParams())
-        assert err.value.code == "overloaded"
+        assert (err.value.code, err.value.retry_after_s) == ("overloaded", 1)
         hub.detach("draining", "server shutting down")
-        with pytest.raises(Unavailable, match="server shutting down"):
+        with pytest.raises(Unavailable, match="server shutting down") as err:
             hub.submit([1], SamplingParams())
+        assert err.value.retry_after_s is None  # going away: not here
 
     asyncio.run(run())
 

@@ -66,7 +66,7 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except ApiError as exc:
-        return web.json_response(exc.body(), status=exc.status)
+        return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
     except web.HTTPException as exc:  # no such route, wrong method, body too large
         if exc.status < 400:
             raise
@@ -145,7 +145,8 @@ class OpenAIApi:
         try:
             gen = self.hub.submit(prompt, params)
         except Unavailable as exc:
-            raise ApiError(503, str(exc), code=exc.code, type="service_unavailable") from None
+            kind = "service_unavailable"
+            raise ApiError(503, str(exc), None, exc.code, kind, exc.retry_after_s) from None
         # The engines log the same hex id, so one grep follows a request everywhere.
         kind = "chatcmpl" if req.chat else "cmpl"
         shaper = Shaper(req.chat, f"{kind}-{gen.rid:x}", self.served.model_id)

@@ -45,11 +45,13 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        retry_after_s: int | None = None,  # sent as Retry-After, which the openai client honours
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = (
             status, message, param, code, type,
         )  # fmt: skip
+        self.headers = {} if retry_after_s is None else {"Retry-After": str(retry_after_s)}
 
     def body(self) -> dict[str, Any]:
         error = {"message": self.message, "type": self.type, "param": self.param}

@@ -23,11 +23,18 @@ State = Literal["starting", "serving", "restarting", "draining"]
 
 
 class Unavailable(RuntimeError):
-    """The daemon cannot take a request now (HTTP 503); `code` names why."""
+    """The daemon cannot take a request now (HTTP 503); `code` names why, `retry_after_s`
+    when to try again (None: not here, the daemon is going away)."""
 
-    def __init__(self, message: str, code: str = "unavailable") -> None:
+    def __init__(
+        self, message: str, code: str = "unavailable", retry_after_s: int | None = None
+    ) -> None:
         super().__init__(message)
-        self.code = code
+        self.code, self.retry_after_s = code, retry_after_s
+
+
+# Engines start or restart in seconds; a full daemon frees a slot as soon as one ends.
+RETRY_RESTART_S, RETRY_OVERLOAD_S = 5, 1
 
 
 class Hub:
@@ -61,16 +68,17 @@ class Hub:
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
         if self.state != "serving" or self.group is None:
-            raise Unavailable(f"unavailable: {self.reason}")
+            retry = None if self.state == "draining" else RETRY_RESTART_S
+            raise Unavailable(f"unavailable: {self.reason}", retry_after_s=retry)
         if len(self.gens) >= self.max_inflight:
             raise Unavailable(
                 f"overloaded: {len(self.gens)} requests in flight, the limit is "
-                f"{self.max_inflight}; retry later", code="overloaded",
+                f"{self.max_inflight}; retry later", "overloaded", RETRY_OVERLOAD_S,
             )  # fmt: skip
         try:
             gen = self.group.submit(prompt, params)
         except RuntimeError as exc:  # an engine died and the keeper has not noticed yet
-            raise Unavailable(f"unavailable: {exc}") from None
+            raise Unavailable(f"unavailable: {exc}", retry_after_s=RETRY_RESTART_S) from None
         self.gens[gen.rid] = gen
         self.idle.clear()
         self._publish()
