@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trd import version
 from trd.cli import AdminError, format_status, format_thresholds, main, parse_settings, request
 
 STATUS: dict[str, Any] = {
@@ -27,6 +29,7 @@ STATUS: dict[str, Any] = {
     "thresholds": {"max_wait_ms": 20.0, "models": {}},
     "memory_plan_table": "model  device\nsmall  cpu",
 }  # fmt: skip
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
 def test_status_table_shows_engines_rates_and_plan() -> None:
@@ -70,3 +73,14 @@ def test_unreachable_admin_api_is_a_clear_error(
         request("localhost", "GET", "/status")
     assert main(["--admin", f"unix:{tmp_path}/none.sock", "status"]) == 1
     assert "trctl: cannot reach the admin API" in capsys.readouterr().err
+
+
+def test_both_commands_print_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from trd.daemon import parse_args as daemon_args
+
+    for parse, prog in ((main, "trctl"), (daemon_args, "tokenrouterd")):
+        with pytest.raises(SystemExit) as done:
+            parse(["--version"])
+        assert done.value.code == 0
+        assert capsys.readouterr().out == f"{prog} {version()}\n"
+    assert version() == tomllib.loads(PYPROJECT.read_text())["project"]["version"]

@@ -19,6 +19,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from trd import version
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.reference import ReferenceRouter
@@ -166,8 +167,14 @@ def test_stop_string_cuts_the_text_streamed_and_not(
 
 
 def test_models_health_and_metrics(daemon: Daemon) -> None:
-    models = daemon.client().models.list()
+    client = daemon.client()
+    models = client.models.list()
     assert [m.id for m in models.data] == ["small+large"]
+    card = client.models.retrieve("small+large")
+    assert card == models.data[0] and (card.model_extra or {})["max_model_len"] == 512
+    with pytest.raises(openai.NotFoundError, match='"gpt-4" does not exist'):
+        client.models.retrieve("gpt-4")
+    assert daemon.get("/version") == (200, {"version": version()})
     assert daemon.get("/health") == (200, {"status": "ok"})
     completion(daemon, PROMPTS[0], stream=False)  # one request alone: each model runs wide
     deadline = time.monotonic() + 30

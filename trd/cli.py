@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from trd import version
+
 DEFAULT_ADMIN = "127.0.0.1:8001"
 TIMEOUT_S = 120.0  # a recommendation solves Markov chains
 
@@ -182,6 +184,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--token", default=os.environ.get("TRCTL_ADMIN_TOKEN", ""),
                    help="admin token (default: $TRCTL_ADMIN_TOKEN)")  # fmt: skip
     p.add_argument("--config", help="read --admin and --token from the daemon's config file")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="engines, memory plan, queues, rates")
     status.add_argument("--json", action="store_true", help="print the raw JSON")

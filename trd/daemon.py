@@ -32,6 +32,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
+from trd import version
 from trd.config import Address, Config, ConfigError, load_config
 from trd.frontend.admin import AdminApi, MpsState
 from trd.frontend.app import OpenAIApi, Served
@@ -72,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "by moving R-Stitch's threshold (default: fixed, ~25%%)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     args = p.parse_args(argv)
     if (args.demo is None) == (args.config is None):
         p.error("give exactly one of --config FILE and --demo")

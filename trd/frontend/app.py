@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API: completions, chat completions, models, probes, metrics.
 
     POST /v1/completions        POST /v1/chat/completions     (both: JSON or SSE stream)
-    GET  /v1/models             GET  /metrics (trd_* and the vLLM-named gauges)
+    GET  /v1/models             GET  /v1/models/{model}       GET  /version
+    GET  /metrics (trd_* and the vLLM-named gauges)
     GET  /health                liveness: 200 whenever the process answers
     GET  /ready                 readiness: 200 while every engine serves, else 503 + reason
 
@@ -21,9 +22,17 @@ from typing import Any
 
 from aiohttp import web
 
+from trd import version
 from trd.frontend.body import MAX_BODY_BYTES, read_json
 from trd.frontend.metrics import Metrics
-from trd.frontend.openai_api import ApiError, GenRequest, bad, parse_chat, parse_completion
+from trd.frontend.openai_api import (
+    ApiError,
+    GenRequest,
+    bad,
+    check_model,
+    parse_chat,
+    parse_completion,
+)
 from trd.frontend.responses import Produced, Shaper, Usage
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
@@ -84,15 +93,29 @@ class OpenAIApi:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
+        app.router.add_get("/version", self.version)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.prometheus)
         return app
 
+    def _card(self) -> dict[str, Any]:
+        s = self.served
+        return {"id": s.model_id, "object": "model", "created": s.created,
+                "owned_by": "tokenrouterd", "max_model_len": s.max_model_len,
+                "models": s.names}  # fmt: skip
+
     async def models(self, request: web.Request) -> web.Response:
-        card = {"id": self.served.model_id, "object": "model", "created": self.served.created,
-                "owned_by": "tokenrouterd", "models": self.served.names}  # fmt: skip
-        return web.json_response({"object": "list", "data": [card]})
+        return web.json_response({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """OpenAI's retrieve: the served model's card, or a 404 naming what is served."""
+        check_model(request.match_info["model"], self.served.model_id)
+        return web.json_response(self._card())
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": version()})
 
     async def health(self, request: web.Request) -> web.Response:
         # Engines restarting or a drain are not a reason to kill the process: /ready says so.

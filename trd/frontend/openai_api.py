@@ -131,9 +131,9 @@ def _validate(schema: type[R], body: Any, vocab_size: int) -> R:
     return req
 
 
-def _check_model(req: GenerationRequest, served: str) -> None:
-    if req.model != served:
-        msg = f"{describe(req.model)} does not exist; this server serves {describe(served)}"
+def check_model(model: str, served: str) -> None:
+    if model != served:
+        msg = f"{describe(model)} does not exist; this server serves {describe(served)}"
         raise ApiError(404, f"model: {msg}", param="model", code="model_not_found")
 
 
@@ -177,13 +177,13 @@ def _gen(
 
 def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(CompletionRequest, body, vocab_size)
-    _check_model(req, served)
+    check_model(req.model, served)
     return _gen(req, COMPLETIONS_MAX_TOKENS, prompt=req.prompt)
 
 
 def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(ChatRequest, body, vocab_size)
-    _check_model(req, served)
+    check_model(req.model, served)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     continue_final = bool(req.continue_final_message)
     add_prompt = req.add_generation_prompt
