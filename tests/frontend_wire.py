@@ -31,8 +31,9 @@ OUT_TOKENS = [72, 101, 108]  # what WireGroup "generates"
 class WireGroup:
     """Stands in for the engine processes: every Submit is encoded and decoded as on the wire."""
 
-    def __init__(self) -> None:
+    def __init__(self, failing: int | None = None) -> None:
         self.submits: list[Submit] = []
+        self.failing = failing  # the rid the "engine" fails after its first token
 
     def submit(self, prompt: list[int], params: SamplingParams) -> Generation:
         rid = len(self.submits) + 1
@@ -45,6 +46,8 @@ class WireGroup:
             finish = FinishReason.LENGTH if i == len(OUT_TOKENS) - 1 else FinishReason.NONE
             tokens, models = np.asarray([token], np.int32), np.asarray([i % 2], np.uint8)
             emit = Emit(rid, i, tokens, models, finish)
+            if rid == self.failing and i == 1:
+                emit = Emit(rid, i, tokens[:0], models[:0], FinishReason.ERROR, "wire: failed")
             loop.call_soon(gen.on_emit, emit)
         return gen
 
@@ -67,13 +70,20 @@ def post(
     body: bytes,
     ctype: str | None = "application/json",
     max_inflight: int = 8,
+    busy: int = 0,
     detached: State | None = None,
+    failing: int | None = None,
 ) -> Answer:
-    """Serve one request; `detached`: the hub has let the engines go into that state."""
+    """Serve one request while `busy` others are in flight; `detached`: the hub has let
+    the engines go into that state; `failing`: the engine request (1 = the first of this
+    request) that fails after one token."""
 
     async def run() -> Answer:
-        hub, group = Hub(max_inflight), WireGroup()
+        hub, group = Hub(max_inflight), WireGroup(None if failing is None else busy + failing)
         hub.attach(group)  # type: ignore[arg-type]
+        if busy:
+            hub.submit([1], [SamplingParams()] * busy)
+            del group.submits[:busy]
         if detached is not None:
             hub.detach(detached, f"test: {detached}")
         served = Served(["small", "large"], encoder, CONTEXT, VOCAB, created=0)

@@ -17,6 +17,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoTokenizer
 
 from trd import version
@@ -29,7 +30,8 @@ from daemon_fixture import SCHEDULE, Daemon, launch_daemon, wait_serving, write_
 NAMES = ["small", "large"]
 TOKEN = "test-admin-token-0123456789"
 PROMPTS = ["def parse(", "The quick brown fox", "import os\n\n", "class Config:\n    "]
-CHAT = [{"role": "user", "content": "Write a function that adds two numbers."}]
+ASK = "Write a function that adds two numbers."
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": ASK}]
 MAX_TOKENS = 24
 
 
@@ -62,14 +64,17 @@ def oracle(launched: Daemon, tiny_models: dict[str, Path]) -> dict[str, tuple[st
     policy = PolicySpec("scripted", {"schedule": SCHEDULE})
     ref = ReferenceRouter([tiny_models[n] for n in NAMES], policy)
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    chat_text = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    chat = [{"role": "user", "content": ASK}]  # CHAT, as transformers types it
+    chat_text = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     inputs = {p: tok.encode(p) for p in PROMPTS}
     inputs["<chat>"] = tok.encode(chat_text, add_special_tokens=False)
-    out = {}
+    out: dict[str, tuple[str, dict[str, int]]] = {}
     for key, ids in inputs.items():
         trace = ref.run(ids, params)
         counts = {n: trace.models.count(i) for i, n in enumerate(NAMES)}
-        out[key] = (tok.decode(trace.tokens, skip_special_tokens=True), counts)
+        text = tok.decode(trace.tokens, skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence of ids decodes to one string
+        out[key] = (text, counts)
     return out
 
 
@@ -166,6 +171,45 @@ def test_stop_string_cuts_the_text_streamed_and_not(
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_n_choices_each_get_the_oracle_output_of_their_seed(
+    daemon: Daemon, tiny_models: dict[str, Path]
+) -> None:
+    """n=3 with seed 41: choice i samples as the oracle does with seed 41 + i."""
+    tok = AutoTokenizer.from_pretrained(tiny_models["small"])
+    ref = ReferenceRouter(
+        [tiny_models[n] for n in NAMES], PolicySpec("scripted", {"schedule": SCHEDULE})
+    )
+    ids = tok.encode(PROMPTS[2])
+    want = []
+    for i in range(3):
+        sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.9, seed=41 + i, ignore_eos=True)
+        want.append(tok.decode(ref.run(ids, sp).tokens, skip_special_tokens=True))
+    assert len(set(want)) == 3  # else the test could not tell the choices apart
+    client = daemon.client()
+    args: dict[str, Any] = {
+        "model": daemon.model, "prompt": PROMPTS[2], "n": 3, "temperature": 0.9, "seed": 41,
+        "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True},
+    }  # fmt: skip
+    r = client.completions.create(**args)
+    assert [(c.index, c.text, c.finish_reason) for c in r.choices] == [
+        (i, text, "length") for i, text in enumerate(want)
+    ]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 3 * MAX_TOKENS)
+    assert sum((r.model_extra or {})["tokens_per_model"].values()) == 3 * MAX_TOKENS
+    chunks = list(
+        client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+    )
+    texts, finishes = ["", "", ""], {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finishes[c.index] = c.finish_reason
+    assert texts == want and finishes == dict.fromkeys(range(3), "length")
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 3 * MAX_TOKENS
+
+
 def test_models_health_and_metrics(daemon: Daemon) -> None:
     client = daemon.client()
     models = client.models.list()
@@ -251,7 +295,7 @@ BAD = {
         "max_tokens",
     ),
     "100 stop strings": (_body(stop=[f"s{i}" for i in range(100)]), 400, "stop"),
-    "n=2": (_body(n=2), 400, "n"),
+    "n=0": (_body(n=0), 400, "n"),
     "10 MB body": (_body(prompt="x" * (10 << 20)), 413, None),
 }
 
@@ -286,9 +330,12 @@ def committed(status: dict[str, Any]) -> int:
     return sum(e.get("tokens_committed") or 0 for e in status["engines"])
 
 
-def test_client_that_disconnects_mid_stream_frees_its_pages(daemon: Daemon) -> None:
+@pytest.mark.parametrize("n", [1, 3])
+def test_client_that_disconnects_mid_stream_frees_its_pages(daemon: Daemon, n: int) -> None:
     max_tokens = 400
-    body = json.loads(_body(max_tokens=max_tokens, stream=True, ignore_eos=True, temperature=0))
+    body = json.loads(
+        _body(max_tokens=max_tokens, stream=True, ignore_eos=True, temperature=0, n=n)
+    )
     payload = json.dumps(body).encode()
     before = committed(admin_status(daemon))
     with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as sock:
@@ -297,7 +344,7 @@ def test_client_that_disconnects_mid_stream_frees_its_pages(daemon: Daemon) -> N
         seen = b""
         while seen.count(b"data: ") < 3:
             seen += sock.recv(65536)
-        assert admin_status(daemon)["active_requests"] == 1
+        assert admin_status(daemon)["active_requests"] == n  # one per choice
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         s = admin_status(daemon)
@@ -308,7 +355,7 @@ def test_client_that_disconnects_mid_stream_frees_its_pages(daemon: Daemon) -> N
     else:
         raise AssertionError(f"pages not freed after the client left: {s['engines']}")
     # Aborted, not run to the end: the engines committed fewer than max_tokens for it.
-    assert committed(s) - before < max_tokens
+    assert committed(s) - before < n * max_tokens
     # An ordinary disconnect is one INFO line, not an ERROR with a traceback.
     lines = [line for line in daemon.log().splitlines() if "status=499" in line]
     assert lines and all(" INFO " in line for line in lines), lines

@@ -58,19 +58,21 @@ message = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "developer", "user", "assistant"]),
      "content": texts | parts}
 )  # fmt: skip
-NOOPS = {"n": [None, 1], "best_of": [None, 1], "logprobs": [None, False], "echo": [None, False],
-         "top_logprobs": [None, 0], "suffix": [None, ""], "presence_penalty": [None, 0, 0.0],
-         "frequency_penalty": [None, 0.0], "repetition_penalty": [None, 1.0],
-         "logit_bias": [None, {}], "tools": [None, []], "tool_choice": [None, "none", "auto"],
-         "response_format": [None, {"type": "text"}], "min_p": [None, 0, 0.0],
-         "use_beam_search": [None, False], "length_penalty": [None, 1.0],
-         "prompt_logprobs": [None], "allowed_token_ids": [None], "bad_words": [None, []],
-         "logits_processors": [None], "include_stop_str_in_output": [None, False],
-         "skip_special_tokens": [None, True], "spaces_between_special_tokens": [None, True],
-         "truncate_prompt_tokens": [None], "guided_json": [None], "guided_regex": [None],
-         "guided_choice": [None], "guided_grammar": [None], "structural_tag": [None],
-         "structured_outputs": [None], "priority": [None, 0],
-         "chat_template": [None]}  # fmt: skip
+NOOPS: dict[str, list[Any]] = {
+    "best_of": [None, 1], "logprobs": [None, False], "echo": [None, False],
+    "top_logprobs": [None, 0], "suffix": [None, ""], "presence_penalty": [None, 0, 0.0],
+    "frequency_penalty": [None, 0.0], "repetition_penalty": [None, 1.0],
+    "logit_bias": [None, {}], "tools": [None, []], "tool_choice": [None, "none", "auto"],
+    "response_format": [None, {"type": "text"}], "min_p": [None, 0, 0.0],
+    "use_beam_search": [None, False], "length_penalty": [None, 1.0],
+    "prompt_logprobs": [None], "allowed_token_ids": [None], "bad_words": [None, []],
+    "logits_processors": [None], "include_stop_str_in_output": [None, False],
+    "skip_special_tokens": [None, True], "spaces_between_special_tokens": [None, True],
+    "truncate_prompt_tokens": [None], "guided_json": [None], "guided_regex": [None],
+    "guided_choice": [None], "guided_grammar": [None], "structural_tag": [None],
+    "structured_outputs": [None], "priority": [None, 0],
+    "chat_template": [None],
+}  # fmt: skip
 # Values the schema accepts, per field (min_tokens may still exceed max_tokens).
 VALID: dict[str, st.SearchStrategy[Any]] = {
     "model": st.just(MODEL),
@@ -86,6 +88,7 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "stop_token_ids": st.lists(st.integers(0, 2047), max_size=3),
     "ignore_eos": st.booleans(),
     "return_token_ids": st.booleans(),
+    "n": st.integers(1, 3),
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries(
         {}, optional={"include_usage": st.booleans(), "continuous_usage_stats": st.booleans()}

@@ -103,7 +103,9 @@ BAD = [  # (fields, status, param, message part)
     ({"stop": 5}, 400, "stop", "expected a string or an array of strings, got 5"),
     ({"stop_token_ids": [-1]}, 400, "stop_token_ids[0]", "greater than or equal to 0"),
     ({"stop_token_ids": [2048]}, 400, "stop_token_ids", "outside the vocabulary"),
-    ({"n": 3}, 400, "n", "only null or 1 is supported, got 3"),
+    ({"n": 0}, 400, "n", "greater than or equal to 1, got 0"),
+    ({"n": 129}, 400, "n", "less than or equal to 128, got 129"),
+    ({"n": 2.0}, 400, "n", "valid integer, got 2.0"),
     ({"stream": "yes"}, 400, "stream", "boolean"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options", "stream is true"),
     ({"ignore_eos": 1}, 400, "ignore_eos", "boolean"),
@@ -194,27 +196,34 @@ def test_body_must_be_an_object() -> None:
 
 
 def test_usage_counts_tokens_per_model_and_switches() -> None:
-    usage = Usage.of(5, [0, 0, 1, 1, 0], ["small", "large"])
+    usage = Usage.of(5, [[0, 0, 1, 1, 0]], ["small", "large"])
     assert usage.fields() == {
         "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
         "tokens_per_model": {"small": 3, "large": 2},
         "model_switches": 2,
     }
+    # n choices: the prompt counts once; tokens and switches add up over the choices
+    usage = Usage.of(5, [[0, 1], [1, 1, 1], []], ["small", "large"])
+    assert usage.fields() == {
+        "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+        "tokens_per_model": {"small": 1, "large": 4},
+        "model_switches": 1,
+    }
 
 
 def test_chat_and_completion_shapes() -> None:
-    usage = Usage.of(1, [0], ["small"])
+    usage = Usage.of(1, [[0]], ["small"])
     chat = Shaper(True, "chatcmpl-1", MODEL)
-    assert chat.final("hi", "stop", usage)["choices"][0]["message"] == {
-        "role": "assistant",
-        "content": "hi",
-    }
-    assert chat.chunk(None)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert chat.chunk("x")["object"] == "chat.completion.chunk"
-    assert chat.chunk("", "length")["choices"][0] == {
-        "index": 0, "logprobs": None, "finish_reason": "length", "delta": {}}  # fmt: skip
+    body = chat.final([chat.choice(0, "hi", "stop"), chat.choice(1, "yo", "length")], usage)
+    assert [c["message"] for c in body["choices"]] == [
+        {"role": "assistant", "content": "hi"}, {"role": "assistant", "content": "yo"}]  # fmt: skip
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert chat.chunk(0, None)["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chat.chunk(0, "x")["object"] == "chat.completion.chunk"
+    assert chat.chunk(2, "", "length")["choices"][0] == {
+        "index": 2, "logprobs": None, "finish_reason": "length", "delta": {}}  # fmt: skip
     text = Shaper(False, "cmpl-1", MODEL)
-    assert text.final("hi", "length", usage)["object"] == "text_completion"
+    assert text.final([text.choice(0, "hi", "length")], usage)["object"] == "text_completion"
     assert text.usage_chunk(usage)["choices"] == []
-    assert "usage" not in text.chunk("x")
-    assert text.chunk("x", usage=usage)["usage"]["total_tokens"] == 2  # continuous_usage_stats
+    assert "usage" not in text.chunk(0, "x")
+    assert text.chunk(0, "x", usage=usage)["usage"]["total_tokens"] == 2  # continuous_usage_stats

@@ -150,22 +150,21 @@ def test_min_tokens_past_what_the_context_leaves_is_a_400(encoder: PromptEncoder
 
 
 @pytest.mark.parametrize(
-    ("max_inflight", "detached", "says", "retry_after"),
-    [(0, None, "overloaded: 0 requests in flight, the limit is 0; retry later", "1"),
-     (8, "restarting", "unavailable: test: restarting", "5"),
-     (8, "starting", "unavailable: test: starting", "5"),
-     (8, "draining", "unavailable: test: draining", None)],
+    ("busy", "detached", "says", "retry_after"),
+    [(8, None, "overloaded: 8 requests in flight, the limit is 8; retry later", "1"),
+     (0, "restarting", "unavailable: test: restarting", "5"),
+     (0, "starting", "unavailable: test: starting", "5"),
+     (0, "draining", "unavailable: test: draining", None)],
 )  # fmt: skip
 def test_a_daemon_that_cannot_take_the_request_says_when_to_retry(
     encoder: PromptEncoder,
-    max_inflight: int,
+    busy: int,
     detached: State | None,
     says: str,
     retry_after: str | None,
 ) -> None:
     """The openai client honours Retry-After; a draining daemon gives none (it is going)."""
-    ans = post(encoder, "/v1/completions", completion(), max_inflight=max_inflight,
-               detached=detached)  # fmt: skip
+    ans = post(encoder, "/v1/completions", completion(), busy=busy, detached=detached)
     assert ans.status == 503 and ans.body["error"]["type"] == "service_unavailable"
     assert ans.body["error"]["message"] == says
     assert ans.headers.get("Retry-After") == retry_after

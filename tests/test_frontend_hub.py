@@ -92,7 +92,7 @@ def make_hub(max_inflight: int = 4) -> tuple[Hub, Recorder]:
 def test_release_frees_the_request_on_the_engines_once() -> None:
     async def run() -> None:
         hub, group = make_hub()
-        gen = hub.submit([1], SamplingParams())
+        (gen,) = hub.submit([1], [SamplingParams()])
         assert not hub.idle.is_set()
         hub.release(gen)  # finished, client left, or a stop string matched
         hub.release(gen)  # idempotent
@@ -105,14 +105,14 @@ def test_release_frees_the_request_on_the_engines_once() -> None:
 def test_admission_refuses_when_not_serving_or_overloaded() -> None:
     async def run() -> None:
         hub, _ = make_hub(max_inflight=2)
-        hub.submit([1], SamplingParams())
-        hub.submit([1], SamplingParams())
+        hub.submit([1], [SamplingParams()])
+        hub.submit([1], [SamplingParams()])
         with pytest.raises(Unavailable, match="overloaded") as err:
-            hub.submit([1], SamplingParams())
+            hub.submit([1], [SamplingParams()])
         assert (err.value.code, err.value.retry_after_s) == ("overloaded", 1)
         hub.detach("draining", "server shutting down")
         with pytest.raises(Unavailable, match="server shutting down") as err:
-            hub.submit([1], SamplingParams())
+            hub.submit([1], [SamplingParams()])
         assert err.value.retry_after_s is None  # going away: not here
 
     asyncio.run(run())
@@ -121,7 +121,7 @@ def test_admission_refuses_when_not_serving_or_overloaded() -> None:
 def test_detach_fails_running_requests_with_503_and_drain_waits_for_them() -> None:
     async def run() -> None:
         hub, _ = make_hub()
-        gen = hub.submit([1], SamplingParams())
+        (gen,) = hub.submit([1], [SamplingParams()])
         assert not await hub.drain(0.05)
         hub.detach("restarting", "engine 'large' died")
         await asyncio.wait_for(gen.changed.wait(), 1)

@@ -16,7 +16,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from aiohttp import web
 
 from trd import version
 from trd.frontend.body import MAX_BODY_BYTES, read_json
+from trd.frontend.choices import Choice, choice_params, interleaved
 from trd.frontend.metrics import Metrics
 from trd.frontend.openai_api import (
     ApiError,
@@ -33,12 +35,11 @@ from trd.frontend.openai_api import (
     parse_chat,
     parse_completion,
 )
-from trd.frontend.responses import Produced, Shaper, Usage
+from trd.frontend.responses import Shaper, Usage
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
 from trd.logs import kv
-from trd.protocol import FinishReason, SamplingParams
-from trd.supervisor.generation import Generation
+from trd.protocol import SamplingParams
 from trd.supervisor.hub import Hub, Unavailable
 
 log = logging.getLogger("trd.frontend")
@@ -165,24 +166,37 @@ class OpenAIApi:
         self, request: web.Request, req: GenRequest, endpoint: str
     ) -> web.StreamResponse:
         prompt, params = await self._prompt(req)
+        if req.n > self.hub.max_inflight:
+            raise bad("n", f"must be at most max_inflight ({self.hub.max_inflight}), got {req.n}")
         try:
-            gen = self.hub.submit(prompt, params)
+            gens = self.hub.submit(prompt, choice_params(params, req.n))
         except Unavailable as exc:
             kind = "service_unavailable"
             raise ApiError(503, str(exc), None, exc.code, kind, exc.retry_after_s) from None
-        # The engines log the same hex id, so one grep follows a request everywhere.
+        # The engines log the same hex id (the first choice's), so one grep follows a
+        # request everywhere.
         kind = "chatcmpl" if req.chat else "cmpl"
-        shaper = Shaper(req.chat, f"{kind}-{gen.rid:x}", self.served.model_id)
-        text = TextStream(self.served.encoder.decoder, gen.tokens, req.stop)
+        shaper = Shaper(req.chat, f"{kind}-{gens[0].rid:x}", self.served.model_id)
+        decoder = self.served.encoder.decoder
+        streams = [TextStream(decoder, g.tokens, req.stop) for g in gens]
+        choices = [Choice(i, g, t) for i, (g, t) in enumerate(zip(gens, streams, strict=True))]
         outcome = Outcome()
         try:
             if req.stream:
-                return await self._stream(request, req, gen, text, shaper, outcome)
-            out = "".join([delta async for delta in self._texts(gen, text)])
-            outcome.finish = self._finish_reason(gen, text)
-            produced = self._produced(gen, 0, text.read) if req.return_token_ids else None
-            body = shaper.final(out, outcome.finish, self._usage(gen, text), produced)
-            return web.json_response(body)
+                return await self._stream(request, req, choices, shaper, outcome)
+            parts: list[list[str]] = [[] for _ in choices]
+            async with aclosing(interleaved(choices)) as deltas:  # a failed choice stops all
+                async for c, delta in deltas:
+                    parts[c.index].append(delta or "")
+            texts = ["".join(p) for p in parts]
+            names = self.served.names
+            bodies = [
+                shaper.choice(c.index, t, c.finish_reason,
+                              c.produced(names, 0) if req.return_token_ids else None)
+                for c, t in zip(choices, texts, strict=True)
+            ]  # fmt: skip
+            outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
+            return web.json_response(shaper.final(bodies, self._usage(choices)))
         except ApiError as exc:
             outcome.status = exc.status
             raise
@@ -195,15 +209,15 @@ class OpenAIApi:
             outcome.status, outcome.finish = 499, "client_gone"
             return web.Response(status=499)
         finally:
-            self.hub.release(gen)
-            self._record(shaper.id, endpoint, outcome, gen, text)
+            for gen in gens:
+                self.hub.release(gen)
+            self._record(shaper.id, endpoint, outcome, choices)
 
     async def _stream(
         self,
         request: web.Request,
         req: GenRequest,
-        gen: Generation,
-        text: TextStream,
+        choices: list[Choice],
         shaper: Shaper,
         outcome: Outcome,
     ) -> web.StreamResponse:
@@ -213,25 +227,26 @@ class OpenAIApi:
         async def send(body: dict[str, Any]) -> None:
             await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
-        served = 0  # output tokens whose ids a chunk carried (return_token_ids)
-
-        def chunk(delta: str | None, finish: str | None = None) -> dict[str, Any]:
-            nonlocal served
-            usage = self._usage(gen, text) if req.continuous_usage else None
-            produced = None
-            if req.return_token_ids and delta is not None:
-                produced, served = self._produced(gen, served, text.read), text.read
-            return shaper.chunk(delta, finish, usage, produced)
+        def chunk(c: Choice, delta: str | None, finish: str | None = None) -> dict[str, Any]:
+            usage = self._usage(choices) if req.continuous_usage else None
+            names = self.served.names
+            produced = c.produced(names) if req.return_token_ids and delta is not None else None
+            return shaper.chunk(c.index, delta, finish, usage, produced)
 
         if req.chat:
-            await send(chunk(None))
+            for c in choices:
+                await send(chunk(c, None))
         try:
-            async for delta in self._texts(gen, text):
-                await send(chunk(delta))
-            outcome.finish = self._finish_reason(gen, text)
-            await send(chunk("", outcome.finish))
+            # aclosing: a client that leaves stops the choices' readers now, not at GC
+            async with aclosing(interleaved(choices)) as deltas:
+                async for c, delta in deltas:
+                    if delta is None:  # that choice ended
+                        await send(chunk(c, "", c.finish_reason))
+                    else:
+                        await send(chunk(c, delta))
+            outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
             if req.include_usage:
-                await send(shaper.usage_chunk(self._usage(gen, text)))
+                await send(shaper.usage_chunk(self._usage(choices)))
         except ApiError as exc:
             # Headers are sent: the error travels as an event (the openai client raises it).
             outcome.status = exc.status
@@ -240,49 +255,24 @@ class OpenAIApi:
         await resp.write_eof()
         return resp
 
-    def _record(
-        self, rid: str, endpoint: str, outcome: Outcome, gen: Generation, text: TextStream
-    ) -> None:
-        usage = self._usage(gen, text)
+    def _record(self, rid: str, endpoint: str, outcome: Outcome, choices: list[Choice]) -> None:
+        usage = self._usage(choices)
         now = time.perf_counter()
-        ttft = gen.ttft
-        self.metrics.observe(endpoint, outcome.status, usage, ttft, now - gen.start)
+        gens = [c.gen for c in choices]
+        ttfts = [g.ttft for g in gens if g.ttft is not None]
+        ttft = min(ttfts) if ttfts else None
+        start = gens[0].start
+        self.metrics.observe(endpoint, outcome.status, usage, ttft, now - start)
         per_model = ",".join(f"{k}:{v}" for k, v in usage.tokens_per_model.items())
+        error = next((g.error for g in gens if g.error), "-")
         log.info("request %s", kv(
             id=rid, endpoint=endpoint, status=outcome.status, finish=outcome.finish,
-            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-            tokens_per_model=per_model, switches=usage.model_switches,
-            ttft_ms="-" if ttft is None else f"{ttft * 1e3:.1f}",
-            e2e_ms=f"{(now - gen.start) * 1e3:.1f}", error=gen.error or "-",
+            n=len(choices), prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens, tokens_per_model=per_model,
+            switches=usage.model_switches, ttft_ms="-" if ttft is None else f"{ttft * 1e3:.1f}",
+            e2e_ms=f"{(now - start) * 1e3:.1f}", error=error,
         ))  # fmt: skip
 
-    async def _texts(self, gen: Generation, text: TextStream) -> AsyncIterator[str]:
-        """The request's text as it is committed, until it ends or a stop string matches."""
-        while not gen.complete:
-            await gen.changed.wait()
-            gen.changed.clear()
-            delta = text.update()
-            if delta:
-                yield delta
-            if text.stopped:
-                return
-        if gen.finish is FinishReason.ERROR:
-            kind = {503: "service_unavailable", 504: "timeout"}.get(
-                gen.error_status, "server_error"
-            )
-            raise ApiError(gen.error_status, gen.error, type=kind, code="engine_error")
-        tail = text.finish()
-        if tail:
-            yield tail
-
-    @staticmethod
-    def _finish_reason(gen: Generation, text: TextStream) -> str:
-        return "stop" if text.stopped or gen.finish is FinishReason.STOP else "length"
-
-    def _produced(self, gen: Generation, start: int, end: int) -> Produced:
-        names = self.served.names
-        return Produced(gen.tokens[start:end], [names[m] for m in gen.models[start:end]])
-
-    def _usage(self, gen: Generation, text: TextStream) -> Usage:
-        # The tokens the client was served: a stop string ends the output early.
-        return Usage.of(gen.prompt_len, gen.models[: text.read], self.served.names)
+    def _usage(self, choices: list[Choice]) -> Usage:
+        models = [c.served_models for c in choices]
+        return Usage.of(choices[0].gen.prompt_len, models, self.served.names)

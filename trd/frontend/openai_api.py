@@ -95,6 +95,7 @@ class GenRequest:
     include_usage: bool  # a last chunk with the usage
     continuous_usage: bool  # the usage so far in every chunk
     return_token_ids: bool  # each choice carries its token ids and producing models
+    n: int  # choices
     template: ChatTemplateArgs = field(default_factory=ChatTemplateArgs)
 
 
@@ -171,7 +172,8 @@ def _gen(
         max_tokens_param=max_param, params=params, stop=stop, stream=bool(req.stream),
         include_usage=bool(options.include_usage),
         continuous_usage=bool(options.continuous_usage_stats),
-        return_token_ids=bool(req.return_token_ids), template=template or ChatTemplateArgs(),
+        return_token_ids=bool(req.return_token_ids), n=req.n or 1,
+        template=template or ChatTemplateArgs(),
     )  # fmt: skip
 
 

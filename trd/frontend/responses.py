@@ -28,11 +28,12 @@ class Usage:
     model_switches: int
 
     @classmethod
-    def of(cls, prompt_len: int, models: list[int], names: list[str]) -> Usage:
-        counts = Counter(models)
-        switches = sum(a != b for a, b in itertools.pairwise(models))
+    def of(cls, prompt_len: int, choices: list[list[int]], names: list[str]) -> Usage:
+        """From each choice's producing models; the prompt counts once, as OpenAI's does."""
+        counts = Counter(itertools.chain.from_iterable(choices))
+        switches = sum(a != b for models in choices for a, b in itertools.pairwise(models))
         per_model = {name: counts.get(i, 0) for i, name in enumerate(names)}
-        return cls(prompt_len, len(models), per_model, switches)
+        return cls(prompt_len, sum(map(len, choices)), per_model, switches)
 
     def fields(self) -> dict[str, Any]:
         total = self.prompt_tokens + self.completion_tokens
@@ -68,30 +69,36 @@ class Shaper:
             kind = "chat.completion.chunk"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def final(
-        self, text: str, finish_reason: str, usage: Usage, produced: Produced | None = None
+    def choice(
+        self, index: int, text: str, finish_reason: str, produced: Produced | None = None
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        """One choice of a final body."""
+        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         if produced is not None:
             choice.update(produced.fields())
-        return {**self._head(chunk=False), "choices": [choice], **usage.fields()}
+        return choice
+
+    def final(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        return {**self._head(chunk=False), "choices": choices, **usage.fields()}
 
     def chunk(
         self,
+        index: int,
         text: str | None,
         finish_reason: str | None = None,
         usage: Usage | None = None,
         produced: Produced | None = None,
     ) -> dict[str, Any]:
-        """A text delta; `None` text opens a chat stream (the assistant role, no content).
+        """A text delta of choice `index`; `None` text opens a chat stream's choice (the
+        assistant role, no content).
 
         With `usage` (vLLM's continuous_usage_stats) the chunk carries the counts so far;
         with `produced`, the tokens this delta was decoded from."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
         if self.chat:
             choice["delta"] = (
                 {"role": "assistant", "content": ""} if text is None else {"content": text}

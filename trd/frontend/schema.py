@@ -6,7 +6,7 @@ OpenAI's fields we accept vLLM's extensions that real clients send (top_k, min_t
 ignore_eos, stop_token_ids, stream_options.continuous_usage_stats, return_token_ids, and
 for chat add_generation_prompt, continue_final_message, chat_template_kwargs).
 Fields we cannot honour, OpenAI's or vLLM's, are accepted only at their no-op value
-(n=1, echo=false, min_p=0, guided_json=null, ...): a client that asks for them gets a
+(best_of=1, echo=false, min_p=0, guided_json=null, ...): a client that asks for them gets a
 400 rather than an answer that silently lacks them. Fields we do not know are ignored,
 as OpenAI's API does. Strict types: 2.0 is not an
 integer, "1" is not a number, 1 is not a boolean.
@@ -38,6 +38,7 @@ from trd.protocol import PARAMS_LAYOUT, TOKEN_ID, int_range
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
+MAX_CHOICES = 128  # OpenAI's limit on n
 
 
 def wire_range(field: str, low: int | None = None) -> Interval:
@@ -170,7 +171,7 @@ class GenerationRequest(_Schema):
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = None  # vLLM's: output ids (and, ours, each one's model)
     user: Text | None = None  # an end-user label; only checked
-    n: Annotated[Any, _only(None, 1)] = None
+    n: Annotated[int, Interval(ge=1, le=MAX_CHOICES)] | None = None  # choices, each its own run
     best_of: Annotated[Any, _only(None, 1)] = None
     logprobs: Annotated[Any, _only(None, False)] = None
     top_logprobs: Annotated[Any, _only(None, 0)] = None

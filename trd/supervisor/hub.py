@@ -66,23 +66,30 @@ class Hub:
         for gen in self.gens.values():
             gen.fail(reason, status=503)
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+    def submit(self, prompt: Sequence[int], choices: Sequence[SamplingParams]) -> list[Generation]:
+        """One engine request per choice (OpenAI's n), all admitted or none."""
         if self.state != "serving" or self.group is None:
             retry = None if self.state == "draining" else RETRY_RESTART_S
             raise Unavailable(f"unavailable: {self.reason}", retry_after_s=retry)
-        if len(self.gens) >= self.max_inflight:
+        if len(self.gens) + len(choices) > self.max_inflight:
+            asked = "" if len(choices) == 1 else f" and {len(choices)} more asked"
             raise Unavailable(
-                f"overloaded: {len(self.gens)} requests in flight, the limit is "
+                f"overloaded: {len(self.gens)} requests in flight{asked}, the limit is "
                 f"{self.max_inflight}; retry later", "overloaded", RETRY_OVERLOAD_S,
             )  # fmt: skip
+        gens: list[Generation] = []
         try:
-            gen = self.group.submit(prompt, params)
+            for params in choices:
+                gen = self.group.submit(prompt, params)
+                self.gens[gen.rid] = gen
+                gens.append(gen)
         except RuntimeError as exc:  # an engine died and the keeper has not noticed yet
+            for gen in gens:
+                self.release(gen)
             raise Unavailable(f"unavailable: {exc}", retry_after_s=RETRY_RESTART_S) from None
-        self.gens[gen.rid] = gen
         self.idle.clear()
         self._publish()
-        return gen
+        return gens
 
     def release(self, gen: Generation) -> None:
         """The handler is done with `gen`: free it on the engines if it still runs there."""
