@@ -13,11 +13,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from trd.tinymodels.build import ensure_models
+
+if TYPE_CHECKING:
+    from trd.frontend.tokens import PromptEncoder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -59,6 +63,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def tiny_models() -> dict[str, Path]:
     """{"small", "mid", "large"}: trained Qwen3 checkpoint folders sharing one tokenizer."""
     return ensure_models(CACHE_DIR)
+
+
+@pytest.fixture(scope="session")
+def encoder(tiny_models: dict[str, Path]) -> PromptEncoder:
+    """The front end's tokenizer over the fixtures' (a test module may define its own)."""
+    from trd.frontend.tokens import PromptEncoder  # transformers: only for tests that ask
+
+    return PromptEncoder(tiny_models["small"])
 
 
 @pytest.fixture(scope="session")

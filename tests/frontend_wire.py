@@ -108,6 +108,13 @@ def chat(**fields: Any) -> bytes:
     return json.dumps({"model": MODEL, "messages": messages, "max_tokens": 4, **fields}).encode()
 
 
+def events(text: str) -> list[Any]:
+    """The JSON events of an SSE body, which must end with [DONE]."""
+    datas = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert datas[-1] == "[DONE]"
+    return [json.loads(d) for d in datas[:-1]]
+
+
 def assert_error(ans: Answer, status: int, param: str | None) -> None:
     assert ans.status == status, ans.body
     assert ans.ctype == "application/json"

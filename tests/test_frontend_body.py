@@ -15,12 +15,7 @@ from trd.frontend.body import MAX_BODY_BYTES, MAX_DEPTH
 from trd.frontend.tokens import PromptEncoder
 from trd.supervisor.hub import State
 
-from frontend_wire import OUT_TOKENS, assert_error, chat, completion, post
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_models: dict[str, Path]) -> PromptEncoder:
-    return PromptEncoder(tiny_models["small"])
+from frontend_wire import OUT_TOKENS, assert_error, chat, completion, events, post
 
 
 # --- the body: nesting, content type, size, encoding, JSON ---
@@ -100,12 +95,6 @@ def test_what_real_clients_send_is_served(encoder: PromptEncoder) -> None:
     assert (p.ignore_eos, p.min_tokens, p.seed, p.max_tokens, p.stop_token_ids) == (
         True, 2, 7, 3, (2,)
     )  # fmt: skip
-
-
-def events(text: str) -> list[Any]:
-    datas = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
-    assert datas[-1] == "[DONE]"
-    return [json.loads(d) for d in datas[:-1]]
 
 
 @pytest.mark.parametrize("include_usage", [True, False])

@@ -7,8 +7,6 @@ for its seed)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,20 +14,9 @@ import pytest
 from trd.frontend.tokens import PromptEncoder
 from trd.protocol import PARAMS_LAYOUT, int_range
 
-from frontend_wire import OUT_TOKENS, assert_error, chat, completion, post
+from frontend_wire import OUT_TOKENS, assert_error, chat, completion, events, post
 
 TEXT_OUT = len(OUT_TOKENS)
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_models: dict[str, Path]) -> PromptEncoder:
-    return PromptEncoder(tiny_models["small"])
-
-
-def events(text: str) -> list[Any]:
-    datas = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
-    assert datas[-1] == "[DONE]"
-    return [json.loads(d) for d in datas[:-1]]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ Submit, decoded from the wire (frontend_wire.WireGroup), carries the value sent.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,12 +15,6 @@ from trd.frontend.tokens import PromptEncoder
 from trd.protocol import PARAMS_LAYOUT, TOKEN_ID, Submit, int_range
 
 from frontend_wire import VOCAB, assert_error, chat, completion, post
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_models: dict[str, Path]) -> PromptEncoder:
-    return PromptEncoder(tiny_models["small"])
-
 
 # --- integers: the last valid and first invalid value at both ends of each wire field ---
 # API field -> (its wire field, the least value the API takes)

@@ -6,28 +6,13 @@ OUT_TOKENS from models small, large, small). Without the field no body changes.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 from trd.frontend.tokens import PromptEncoder
 
-from frontend_wire import OUT_TOKENS, chat, completion, post
+from frontend_wire import OUT_TOKENS, chat, completion, events, post
 
 MODELS = ["small", "large", "small"]  # WireGroup: token i from model i % 2
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_models: dict[str, Path]) -> PromptEncoder:
-    return PromptEncoder(tiny_models["small"])
-
-
-def events(text: str) -> list[Any]:
-    datas = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
-    assert datas[-1] == "[DONE]"
-    return [json.loads(d) for d in datas[:-1]]
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
