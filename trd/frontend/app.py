@@ -2,6 +2,7 @@
 
     POST /v1/completions        POST /v1/chat/completions     (both: JSON or SSE stream)
     GET  /v1/models             GET  /v1/models/{model}       GET  /version
+    POST /tokenize              POST /detokenize              (vLLM's)
     GET  /metrics (trd_* and the vLLM-named gauges)
     GET  /health                liveness: 200 whenever the process answers
     GET  /ready                 readiness: 200 while every engine serves, else 503 + reason
@@ -34,6 +35,8 @@ from trd.frontend.openai_api import (
     check_model,
     parse_chat,
     parse_completion,
+    parse_detokenize,
+    parse_tokenize,
 )
 from trd.frontend.responses import Shaper, Usage
 from trd.frontend.stream import TextStream
@@ -96,6 +99,8 @@ class OpenAIApi:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_get("/version", self.version)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.prometheus)
@@ -130,6 +135,25 @@ class OpenAIApi:
     async def prometheus(self, request: web.Request) -> web.Response:
         body = self.metrics.render()
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's: the ids a prompt or a chat becomes, as generation would see them."""
+        req = parse_tokenize(await read_json(request), self.served.model_id, self.served.vocab_size)
+        enc = self.served.encoder
+        if req.messages is not None:
+            chat = enc.chat
+            ids = await asyncio.to_thread(chat, req.messages, req.template, req.add_special_tokens)
+        else:
+            assert req.prompt is not None
+            ids = await asyncio.to_thread(enc.encode, req.prompt, req.add_special_tokens)
+        limit = self.served.max_model_len
+        return web.json_response({"count": len(ids), "max_model_len": limit, "tokens": ids})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        ids = parse_detokenize(
+            await read_json(request), self.served.model_id, self.served.vocab_size
+        )
+        return web.json_response({"prompt": self.served.encoder.decode(ids)})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_json(request)

@@ -16,9 +16,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from trd.frontend.schema import ChatRequest, CompletionRequest, GenerationRequest, StreamOptions
+from trd.frontend.schema import (
+    ChatFields,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    GenerationRequest,
+    StreamOptions,
+    TokenizeChat,
+    TokenizeText,
+)
 from trd.protocol import SamplingParams
 
 log = logging.getLogger("trd.frontend")
@@ -32,7 +41,7 @@ _SIZED: dict[type, str] = {
     list: "an array of {} items",
     dict: "an object of {} keys",
 }
-R = TypeVar("R", bound=GenerationRequest)
+R = TypeVar("R", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -186,12 +195,51 @@ def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
 def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(ChatRequest, body, vocab_size)
     check_model(req.model, served)
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    return _gen(req, None, messages=_messages(req), template=_template(req))
+
+
+def _messages(req: ChatFields) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.text()} for m in req.messages]
+
+
+def _template(req: ChatFields) -> ChatTemplateArgs:
     continue_final = bool(req.continue_final_message)
     add_prompt = req.add_generation_prompt
     if add_prompt is None:  # vLLM's default is true; continuing a message implies false
         add_prompt = not continue_final
     if continue_final and add_prompt:
         raise bad("continue_final_message", "cannot be true while add_generation_prompt is true")
-    template = ChatTemplateArgs(add_prompt, continue_final, req.chat_template_kwargs or {})
-    return _gen(req, None, messages=messages, template=template)
+    return ChatTemplateArgs(add_prompt, continue_final, req.chat_template_kwargs or {})
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """vLLM's /tokenize: a text (`prompt`) or a chat (`messages` and `template`)."""
+
+    prompt: str | None
+    messages: list[dict[str, str]] | None
+    template: ChatTemplateArgs
+    add_special_tokens: bool
+
+
+def parse_tokenize(body: Any, served: str, vocab_size: int) -> TokenizeRequest:
+    if isinstance(body, dict) and "messages" in body:
+        chat = _validate(TokenizeChat, body, vocab_size)
+        _check_optional_model(chat.model, served)
+        special = bool(chat.add_special_tokens)
+        return TokenizeRequest(None, _messages(chat), _template(chat), special)
+    text = _validate(TokenizeText, body, vocab_size)
+    _check_optional_model(text.model, served)
+    special = text.add_special_tokens is not False
+    return TokenizeRequest(text.prompt, None, ChatTemplateArgs(), special)
+
+
+def parse_detokenize(body: Any, served: str, vocab_size: int) -> list[int]:
+    req = _validate(DetokenizeRequest, body, vocab_size)
+    _check_optional_model(req.model, served)
+    return req.tokens
+
+
+def _check_optional_model(model: str | None, served: str) -> None:
+    if model is not None:
+        check_model(model, served)

@@ -229,7 +229,9 @@ def _template_kwargs(v: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
-class ChatRequest(GenerationRequest):
+class ChatFields(_Schema):
+    """The messages and how the chat template renders them (vLLM's fields besides OpenAI's)."""
+
     messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     add_generation_prompt: bool | None = None  # vLLM's; default true
     continue_final_message: bool | None = None  # vLLM's: the reply extends the last message
@@ -237,3 +239,24 @@ class ChatRequest(GenerationRequest):
         None  # vLLM's: extra template variables, e.g. {"enable_thinking": false} for Qwen3
     )
     chat_template: Annotated[Any, _only(None)] = None
+
+
+class ChatRequest(GenerationRequest, ChatFields):
+    pass
+
+
+# vLLM's /tokenize (a prompt or a chat) and /detokenize; the model is optional there.
+class TokenizeText(_Schema):
+    model: Text | None = None
+    prompt: Text
+    add_special_tokens: bool | None = None  # default true, as vLLM's
+
+
+class TokenizeChat(ChatFields):
+    model: Text | None = None
+    add_special_tokens: bool | None = None  # default false: the template writes them
+
+
+class DetokenizeRequest(_Schema):
+    model: Text | None = None
+    tokens: TokenIds

@@ -17,11 +17,17 @@ class PromptEncoder:
         # The Rust tokenizer decodes without transformers' per-call overhead.
         self.decoder: Tokenizer = self.hf.backend_tokenizer
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.decoder.decode(ids, skip_special_tokens=True))
 
     def chat(
-        self, messages: list[dict[str, str]], args: ChatTemplateArgs | None = None
+        self,
+        messages: list[dict[str, str]],
+        args: ChatTemplateArgs | None = None,
+        add_special_tokens: bool = False,  # the template writes them; vLLM's /tokenize may ask
     ) -> list[int]:
         args = args or ChatTemplateArgs()
         if not self.hf.chat_template:
@@ -39,8 +45,8 @@ class PromptEncoder:
             # message the template does not write as it was given: a client mistake.
             param = _blamed(exc, args)
             raise ApiError(400, f"{param}: the chat template refuses them: {exc}", param) from None
-        # The template writes the special tokens itself.
-        return list(self.hf.encode(text, add_special_tokens=False))
+        assert isinstance(text, str)  # tokenize=False: the rendered text
+        return self.encode(text, add_special_tokens)
 
 
 def _blamed(exc: Exception, args: ChatTemplateArgs) -> str:
