@@ -24,7 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from gpucheck.routing import Pair
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+)
 
 from trd.demo import distil, teacher
 from trd.demo.pair import RSTITCH_TAU, ensure_demo_pair
@@ -129,10 +134,9 @@ def heldout(paths: dict[str, Path]) -> dict[str, dict[str, float]]:
     chats = teacher.converse(paths["large"], HELDOUT_SEEDS, 64, 128, progress=False)
     batch = distil.collate(chats, pad_id=0)
     target = batch.top_ids[:, 0]
-    models = {
-        "partner": AutoModelForCausalLM.from_pretrained(paths["small"], dtype=torch.float32),
-        "untrained slice": slice_of(paths["large"], LAYERS),
-    }
+    partner = AutoModelForCausalLM.from_pretrained(paths["small"], dtype=torch.float32)
+    assert isinstance(partner, LlamaForCausalLM)  # a saved slice of the large (trd.demo.partner)
+    models = {"partner": partner, "untrained slice": slice_of(paths["large"], LAYERS)}
     out = {}
     for name, model in models.items():
         logits = distil.student_logits(model.eval(), batch, distil.output_weight(model))
@@ -160,14 +164,20 @@ def step_ms(path: Path, batch: int) -> float:
     return 1e3 * float(np.median(times))
 
 
-def marked(tok: AutoTokenizer, tokens: list[int], models: list[int]) -> str:
+def decoded(tok: PreTrainedTokenizerBase, tokens: list[int]) -> str:
+    text = tok.decode(tokens, skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence of ids decodes to one string
+    return text
+
+
+def marked(tok: PreTrainedTokenizerBase, tokens: list[int], models: list[int]) -> str:
     """The answer's text with the large model's runs of tokens inside «...»."""
     out, i = [], 0
     while i < len(tokens):
         j = i
         while j < len(tokens) and models[j] == models[i]:
             j += 1
-        text = tok.decode(tokens[i:j], skip_special_tokens=True)
+        text = decoded(tok, tokens[i:j])
         out.append(f"«{text}»" if models[i] == 1 else text)
         i = j
     return "".join(out)
@@ -230,7 +240,7 @@ def report(args: argparse.Namespace, paths: dict[str, Path], tau: float) -> str:
     ]
     for i, q in enumerate(QUESTIONS):
         lines += ["", f"### {i + 1}. {q}"]
-        texts = {n: tok.decode(answers[n][i], skip_special_tokens=True) for n in ("small", "large")}
+        texts = {n: decoded(tok, answers[n][i]) for n in ("small", "large")}
         texts["routed"] = marked(tok, traces[i].tokens, traces[i].models)
         for name, text in texts.items():
             lines += ["", f"**{name}** (NLL {nll[name][i]:.2f})", "", "````text", text, "````"]

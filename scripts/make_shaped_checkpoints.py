@@ -128,7 +128,7 @@ def write_checkpoint(
             size = 0
         shards[-1].append(entry)
         size += nbytes
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file({n: make_tensor(n, s, std, device) for n, s, std in shard}, out / file,

@@ -85,7 +85,8 @@ def main() -> None:
     cfg = daemon_config(pair.models, args.start_threshold, {}, kv_tokens=32768, context=1024)
     cfg["policy"]["target_large_share"] = args.target
     daemon = start_daemon("share_run", cfg, Path(tempfile.mkdtemp(prefix="share-run-")))
-    stop, errors = threading.Event(), []
+    stop = threading.Event()
+    errors: list[str] = []
     threads = clients(daemon.server.url, stop, errors)
     samples: list[dict[str, Any]] = []
     try:

@@ -21,7 +21,7 @@ def main() -> None:
     spec = SystemSpec(
         p=np.array([[0.65, 0.35], [1.0, 0.0]]),
         c=np.ones((2, 2)),
-        step_ms=[[6.0] * MAX_N, [27.9] * MAX_N],
+        step_ms=np.array([[6.0] * MAX_N, [27.9] * MAX_N]),
         delta_ms=0.1,
     )
     results = recommend(spec, range(1, MAX_N + 1), fixed={0: 1})

@@ -86,7 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    t0, times = time.perf_counter(), {}
+    t0 = time.perf_counter()
+    times: dict[str, float] = {}
 
     def lap(name: str) -> None:
         times[name] = round(time.perf_counter() - t0 - sum(times.values()), 2)

@@ -77,6 +77,7 @@ def build(
         for p in module.parameters():
             p.copy_(torch.randn_like(p) * p.shape[-1] ** -0.5 + (0.5 if p.dim() == 1 else 0))
         out = module.backbone.output_layer[1]
+        assert isinstance(out, nn.Linear)
         out.weight.mul_(8.0)  # scores spread across (0, 1) around the middle
         out.bias.zero_()
     state = {k: v for k, v in module.state_dict().items() if k != "token_embeddings.weight"}

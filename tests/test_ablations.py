@@ -7,6 +7,7 @@ on its eventfd instead of polling while its request is at a peer.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ SWITCHES = [{"pending_kv": False}, {"step_sync": True}, {"spin_ms": 0.0}]
 
 
 @pytest.mark.parametrize("switch", SWITCHES, ids=str)
-def test_ablations_keep_outputs(tiny_models: dict[str, Path], switch: dict[str, object]) -> None:
+def test_ablations_keep_outputs(tiny_models: dict[str, Path], switch: dict[str, Any]) -> None:
     paths = [tiny_models["small"], tiny_models["large"]]
     work = jobs(paths[0])[2:10]
     expected = reference(paths, POLICY, PARAMS, work)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def test_config_defaults_head_dim_and_kv_heads() -> None:
 
 
 QWEN2 = {**QWEN3_06B, "model_type": "qwen2", "head_dim": None, "mlp_bias": True}
-UNSUPPORTED = [
+UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported (only silu)"),
     ({"use_sliding_window": True, "max_window_layers": 21},
      "use_sliding_window true is not supported (layers from max_window_layers 21 on"),
@@ -92,7 +93,7 @@ def test_params_from_mixed_dtype_headers(tmp_path: Path) -> None:
 
 
 def test_sharded_float32_checkpoint(tmp_path: Path) -> None:
-    shards = [
+    shards: list[dict[str, np.ndarray]] = [
         {"w1": np.ones((4, 8), np.float32), "w2": np.ones(8, np.float32)},
         {"w3": np.ones((2, 2, 2), np.float32)},
     ]

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoTokenizer
 
 from trd.demo.pair import DemoPair, ensure_demo_pair
@@ -22,7 +23,8 @@ CACHE_DIR = REPO_ROOT / ".cache"
 # The first test of a fresh checkout waits for the pair's build, which conftest.py starts
 # when the run begins (about 7 minutes on 2 quiet cores, longer beside other tests).
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.demo_pair]
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+ASK = "What is the capital of France?"
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": ASK}]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,8 @@ def demo(pair: DemoPair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[D
 def prompt_tokens(pair: DemoPair) -> int:
     """The question's length through the large model's chat template, by transformers."""
     tok = AutoTokenizer.from_pretrained(pair.models["large"])
-    text = tok.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=False)
+    question = [{"role": "user", "content": ASK}]  # QUESTION, as transformers types it
+    text = tok.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
     return len(tok.encode(text, add_special_tokens=False))
 
 

@@ -108,6 +108,7 @@ def test_teacher_targets_are_the_distributions_that_chose_the_answers(
         n = len(ex.top_ids)
         assert ex.top_ids.shape == ex.top_logp.shape == (n, teacher.TOP_K)
         head = tok.decode(ex.tokens[: ex.start + 1], skip_special_tokens=False)
+        assert isinstance(head, str)  # one sequence of ids decodes to one string
         assert head.endswith("<|im_start|>assistant\n")
         answer = torch.tensor(ex.tokens[ex.start + 1 : ex.start + 1 + n])
         assert len(answer) == n >= 1
@@ -129,6 +130,7 @@ def test_router_training_questions_are_the_large_models_own(large: Path) -> None
     tok = AutoTokenizer.from_pretrained(large)
     for p in ids:
         text = tok.decode(p, skip_special_tokens=False)
+        assert isinstance(text, str)
         assert text.startswith(teacher.USER_PREFIX) and text.endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="large model"):
         routerkit_prompts.prompts("magpie", "train", large, 2)

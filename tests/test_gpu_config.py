@@ -85,10 +85,14 @@ def test_engines_get_the_gpu_by_uuid_as_cuda_0(raw: dict[str, Any], gpu: GpuInfo
     launch = plan_deployment(from_dict({**raw, "device": "cuda:1"}, Path("/")))
     assert (launch.device, launch.gpu_uuid) == ("cuda:1", gpu.uuid)
     for spec in launch.specs:
+        assert isinstance(spec, EngineSpec)  # every model is local here
         assert spec.device == "cuda:0"
         assert spec.env == {"CUDA_VISIBLE_DEVICES": gpu.uuid, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     cpu = plan_deployment(from_dict(raw, Path("/")))
-    assert cpu.gpu_uuid == "" and all(s.env == {} and s.device == "cpu" for s in cpu.specs)
+    assert cpu.gpu_uuid == ""
+    for spec in cpu.specs:
+        assert isinstance(spec, EngineSpec)
+        assert spec.env == {} and spec.device == "cpu"
 
 
 def test_the_plan_reserves_the_graph_pool(raw: dict[str, Any], gpu: GpuInfo) -> None:

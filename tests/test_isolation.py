@@ -7,6 +7,7 @@ forward, the policy, a message or a handoff fails only the request it belongs to
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from trd.engines.sampler import sample
 from trd.engines.scheduler import Scheduled
 from trd.engines.spec import EngineSpec
 from trd.ipc.names import FRONTEND
-from trd.policies.base import PolicyContext
+from trd.policies.base import PolicyContext, RequestView, Routes, StepView
 from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import (
@@ -160,17 +161,19 @@ def routing(spec: EngineSpec, schedule: list[int], wire: Wire) -> RoutingEngine:
     return node
 
 
-def test_a_policy_failing_for_one_request_fails_only_that_one(spec: EngineSpec) -> None:
+def test_a_policy_failing_for_one_request_fails_only_that_one(
+    spec: EngineSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
     wire = Wire()
     node = routing(spec, [0], wire)
     real = node.policy.route
 
-    def route(reqs: Any, view: Any) -> Any:
+    def route(reqs: Sequence[RequestView], view: StepView) -> Routes:
         if any(r.rid == 1 for r in reqs):
             raise ValueError("router head returned NaN (simulated)")
         return real(reqs, view)
 
-    node.policy.route = route  # type: ignore[method-assign]
+    monkeypatch.setattr(node.policy, "route", route)
     while node.step():
         pass
     assert list(wire.errors()) == [1]

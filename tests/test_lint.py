@@ -1,4 +1,5 @@
-"""The code base stays ruff-clean (lint and format) and mypy-clean; part of the suite."""
+"""The code base stays ruff-clean (lint and format) and mypy-clean (the package, tests and
+scripts); part of the suite."""
 
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ def test_ruff_format_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_is_clean_on_the_package() -> None:
+def test_mypy_is_clean() -> None:
+    """The package, its tests and the scripts."""
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "trd"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "mypy", "trd", "tests", "scripts"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -11,7 +11,7 @@ CPU against transformers in bfloat16 (see BF16_REL).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -26,8 +26,9 @@ from hf_compare import engine_runs, hf_logits, max_diff
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}  # fmt: skip
+Arch = Literal["qwen3", "qwen2", "llama"]  # save_random_checkpoint's architectures
 # name: (arch, tie_word_embeddings, config overrides); published model it stands for
-SHAPES: dict[str, tuple[str, bool, dict[str, Any]]] = {
+SHAPES: dict[str, tuple[Arch, bool, dict[str, Any]]] = {
     # Qwen3-0.6B: qk-norm, tied, head_dim 128 with hidden 1024 / 16 heads = 64
     "qwen3-tied": ("qwen3", True, {"head_dim": 32}),
     # Qwen3-32B: untied; attention_bias is a Qwen3 config key (all four projections)

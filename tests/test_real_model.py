@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BatchEncoding
 
 from trd.demo.large import ensure_large
 from trd.engines.engine import Engine
@@ -45,12 +45,14 @@ def large_model() -> Path:
 @pytest.fixture(scope="module")
 def chat_prompts(large_model: Path) -> list[list[int]]:
     tok = AutoTokenizer.from_pretrained(large_model)
-    return [
-        tok.apply_chat_template(
+    prompts: list[list[int]] = []
+    for p in PROMPTS:
+        enc = tok.apply_chat_template(
             [{"role": "user", "content": p}], add_generation_prompt=True, return_dict=True
-        )["input_ids"]
-        for p in PROMPTS
-    ]
+        )
+        assert isinstance(enc, BatchEncoding)  # return_dict=True
+        prompts.append(enc["input_ids"])
+    return prompts
 
 
 @pytest.fixture(scope="module")

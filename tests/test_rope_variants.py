@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -26,8 +26,9 @@ from hf_compare import engine_runs, max_diff
 
 PROMPTS = [[5 + i for i in range(n)] for n in (3, 17, 40)]
 THETA = 10000.0
+Arch = Literal["qwen3", "qwen2", "llama"]  # save_random_checkpoint's architectures
 # name: (arch, rope settings, max_position_embeddings, written as old-style rope_scaling)
-VARIANTS: dict[str, tuple[str, dict[str, Any], int, bool]] = {
+VARIANTS: dict[str, tuple[Arch, dict[str, Any], int, bool]] = {
     "llama3": ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
                256, False),

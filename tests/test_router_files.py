@@ -21,11 +21,13 @@ from trd.policies.params import PolicyError, PolicySpec
 from trd.supervisor.group import EngineGroup, EngineStartError
 
 from inprocess_wiring import Wiring, assert_matches, run_all
-from r2r_reference import HIDDEN, TOP, VOCAB, build
+from r2r_reference import HIDDEN, TOP, VOCAB, HiddenStatesTokenLMHeadLogitsClassifier, build
 from routing_cases import jobs, reference, specs
 
 
-def r2r_policy(path: Path, module: nn.Module, params: dict | None = None) -> Any:
+def r2r_policy(
+    path: Path, module: HiddenStatesTokenLMHeadLogitsClassifier, params: dict | None = None
+) -> Any:
     ctx = PolicyContext(0, 2, module.token_embeddings)
     return make_policy(PolicySpec("r2r", {"head": str(path), **(params or {})}), ctx)
 

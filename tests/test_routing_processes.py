@@ -116,7 +116,9 @@ def test_killed_engine_fails_its_requests_cleanly(tiny_models: dict[str, Path]) 
         gens = [group.submit([5, 6, 7, 8], params) for _ in range(4)]
         while sum(len(g.tokens) for g in gens) < 20:
             group.pump(timeout=0.1)
-        os.kill(group.procs[1].pid, signal.SIGKILL)
+        pid = group.procs[1].pid
+        assert pid is not None  # started
+        os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while not all(g.complete for g in gens):
             assert time.monotonic() < deadline, "requests hang after an engine died"

@@ -21,21 +21,23 @@ THREE_C = np.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 2.0, 1.0]])
 
 
 def r2r_spec(n: int) -> SystemSpec:
-    return SystemSpec(p=R2R_P, c=R2R_C, step_ms=[[6.0] * n, [27.9] * n], delta_ms=0.1)
+    return SystemSpec(p=R2R_P, c=R2R_C, step_ms=np.array([[6.0] * n, [27.9] * n]), delta_ms=0.1)
 
 
 def two_spec(n: int) -> SystemSpec:
     # Batch-size dependent steps; p_00 = 0.8 keeps most tokens on the small model.
-    step = [[2.0 + 0.3 * b for b in range(n)], [9.0 + 1.1 * b for b in range(n)]]
-    return SystemSpec(p=[[0.8, 0.2], [0.6, 0.4]], c=R2R_C, step_ms=step, delta_ms=0.5)
+    step = np.array([[2.0 + 0.3 * b for b in range(n)], [9.0 + 1.1 * b for b in range(n)]])
+    return SystemSpec(p=np.array([[0.8, 0.2], [0.6, 0.4]]), c=R2R_C, step_ms=step, delta_ms=0.5)
 
 
 def three_spec(n: int) -> SystemSpec:
-    step = [
-        [3.0 + 0.25 * b for b in range(n)],
-        [7.0 + 0.5 * b for b in range(n)],
-        [12.0 + 1.0 * b for b in range(n)],
-    ]
+    step = np.array(
+        [
+            [3.0 + 0.25 * b for b in range(n)],
+            [7.0 + 0.5 * b for b in range(n)],
+            [12.0 + 1.0 * b for b in range(n)],
+        ]
+    )
     return SystemSpec(p=THREE_P, c=THREE_C, step_ms=step, delta_ms=1.0)
 
 

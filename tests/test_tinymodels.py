@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from trd.tinymodels import train as tr
 from trd.tinymodels.build import build_one, save_random_checkpoint
@@ -20,6 +21,7 @@ HELDOUT_WINDOWS = slice(tr.EVAL_WINDOWS, 2 * tr.EVAL_WINDOWS)
 # nearly none of the positions to the large model. 0.15 of log(2048) is a factor
 # of 3 in the effective number of candidate tokens.
 MIN_ENTROPY_SPREAD = 0.15
+Arch = Literal["qwen3", "qwen2", "llama"]  # save_random_checkpoint's architectures
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def heldout(tokenizer_path: Path) -> torch.Tensor:
     return tr.heldout_windows(stream, 2 * tr.EVAL_WINDOWS)[HELDOUT_WINDOWS]
 
 
-def load(path: Path) -> torch.nn.Module:
+def load(path: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(path).eval()
 
 
@@ -91,8 +93,8 @@ def test_small_entropy_varies_across_positions(
 
 
 @pytest.mark.parametrize(("arch", "tied"), [("qwen3", True), ("qwen2", False), ("llama", False)])
-def test_random_checkpoint_loads(tmp_path: Path, arch: str, tied: bool) -> None:
-    path = save_random_checkpoint(arch, tmp_path, seed=3, tie_word_embeddings=tied)  # type: ignore[arg-type]
+def test_random_checkpoint_loads(tmp_path: Path, arch: Arch, tied: bool) -> None:
+    path = save_random_checkpoint(arch, tmp_path, seed=3, tie_word_embeddings=tied)
     model = load(path)
     assert model.config.model_type == arch
     assert model.config.tie_word_embeddings == tied

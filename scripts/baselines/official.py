@@ -11,10 +11,10 @@ outputs match the daemon's token for token.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
@@ -25,6 +25,14 @@ from trd.policies.base import PolicyContext, RoutingPolicy, StepView, host_route
 from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
+
+
+def _load(path: Path, dtype: torch.dtype, device: str) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    # transformers decorates PreTrainedModel.to with functools.wraps(nn.Module.to), whose
+    # stub (functools._Wrapped) binds no self: mypy would take the device for `self`.
+    to = cast(Callable[[str], PreTrainedModel], model.to)
+    return to(device).eval()
 
 
 @dataclass
@@ -45,10 +53,7 @@ class OfficialRouter:
         device: str = "cpu",
     ) -> None:
         self.device = torch.device(device)
-        self.models: list[PreTrainedModel] = [
-            AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype)).to(device).eval()
-            for p in paths
-        ]
+        self.models = [_load(p, getattr(torch, dtype), device) for p in paths]
         self.policies: list[RoutingPolicy] = [
             make_policy(
                 PolicySpec(policy, params),

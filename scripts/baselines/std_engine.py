@@ -69,10 +69,14 @@ class StdEngine(Engine):
         self._keys: dict[int, list[BlockKey]] = {}  # rid -> keys of its full blocks so far
 
     def add_request(
-        self, prompt: Sequence[int], params: SamplingParams | None = None, rid: int | None = None
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams | None = None,
+        rid: int | None = None,
+        prompt_len: int | None = None,
     ) -> int:
         with self.profile.time("admit"):
-            rid = super().add_request(prompt, params, rid)
+            rid = super().add_request(prompt, params, rid, prompt_len)
         self.profile.calls += 1
         self.profile.prompt_tokens += len(prompt)
         if self.cache is None:

@@ -18,8 +18,10 @@ def summary(results: dict[str, Any]) -> str:
 
 def _details(name: str, r: dict[str, Any]) -> list[str]:
     if name == "versions":
-        keys = ("device", "compute_capability", "nvidia_smi", "torch", "torch_cuda", "nvcc",
-                "flashinfer", "mps_control", "kernel")  # fmt: skip
+        keys: tuple[str, ...] = (
+            "device", "compute_capability", "nvidia_smi", "torch", "torch_cuda", "nvcc",
+            "flashinfer", "mps_control", "kernel",
+        )  # fmt: skip
         return [f"  {k}: {r.get(k)}" for k in keys if k in r]
     if name == "attention":
         return [
