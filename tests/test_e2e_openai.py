@@ -169,6 +169,18 @@ def test_stop_string_cuts_the_text_streamed_and_not(
     )
     assert "".join(c.choices[0].text for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # vLLM's include_stop_str_in_output: the text ends with the stop string
+    kept = full[: full.index(stop) + len(stop)]
+    extra = {**GREEDY["extra_body"], "include_stop_str_in_output": True}
+    args = {**GREEDY, "extra_body": extra}
+    r = client.completions.create(model=daemon.model, prompt=PROMPTS[1], stop=[stop], **args)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (kept, "stop")
+    chunks = list(
+        client.completions.create(
+            model=daemon.model, prompt=PROMPTS[1], stop=[stop], stream=True, **args
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks) == kept
 
 
 def test_n_choices_each_get_the_oracle_output_of_their_seed(

@@ -20,7 +20,7 @@ def completion(**fields: Any) -> Any:
 def test_vllm_no_op_values_are_served() -> None:
     req = completion(
         min_p=0.0, use_beam_search=False, length_penalty=1.0, skip_special_tokens=True,
-        spaces_between_special_tokens=True, include_stop_str_in_output=False, bad_words=[],
+        spaces_between_special_tokens=True, bad_words=[],
         guided_json=None, structured_outputs=None, priority=0,
     )  # fmt: skip
     assert req.prompt == "hi"
@@ -120,7 +120,6 @@ BAD = [  # (fields, status, param, message part)
     ({"guided_json": {"type": "object"}}, 400, "guided_json", "only null is supported"),
     ({"guided_choice": ["a", "b"]}, 400, "guided_choice", "only null is supported"),
     ({"use_beam_search": True}, 400, "use_beam_search", "only null or false"),
-    ({"include_stop_str_in_output": True}, 400, "include_stop_str_in_output", "only null or"),
     ({"skip_special_tokens": False}, 400, "skip_special_tokens", "only null or true"),
     ({"prompt_logprobs": 0}, 400, "prompt_logprobs", "only null is supported, got 0"),
     ({"priority": 1}, 400, "priority", "only null or 0"),

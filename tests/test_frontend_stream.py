@@ -20,9 +20,11 @@ def tok(tiny_models: dict[str, Path]) -> Tokenizer:
 class Fed:
     """A stream over its own id list, fed like a request's output grows."""
 
-    def __init__(self, tok: Tokenizer, stops: list[str] | None = None) -> None:
+    def __init__(
+        self, tok: Tokenizer, stops: list[str] | None = None, keep_stop: bool = False
+    ) -> None:
         self.ids: list[int] = []
-        self.stream = TextStream(tok, self.ids, stops or [])
+        self.stream = TextStream(tok, self.ids, stops or [], keep_stop)
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
@@ -83,6 +85,20 @@ def test_earliest_stop_string_wins(tok: Tokenizer) -> None:
     stream = Fed(tok, ["gamma", "beta"])
     out = "".join(feed(stream, tok.encode("alpha beta gamma").ids))
     assert out == "alpha " and stream.stopped
+
+
+@pytest.mark.parametrize(
+    ("stops", "text", "kept"),
+    [(["HERE g"], "alpha beta\nSTOPHERE gamma delta", "alpha beta\nSTOPHERE g"),
+     (["gamma", "beta"], "alpha beta gamma", "alpha beta"),
+     (["wö"], TEXT, "héllo wö"), (["🙂 日"], TEXT, "héllo wörld 🙂 日")],
+)  # fmt: skip
+def test_include_stop_str_in_output_keeps_the_stop_string_and_nothing_after(
+    tok: Tokenizer, stops: list[str], text: str, kept: str
+) -> None:
+    stream = Fed(tok, stops, keep_stop=True)
+    out = "".join(feed(stream, tok.encode(text).ids))
+    assert (out, stream.stopped) == (kept, True)
 
 
 def test_held_back_prefix_is_released_when_no_stop_follows(tok: Tokenizer) -> None:

@@ -202,7 +202,7 @@ class OpenAIApi:
         kind = "chatcmpl" if req.chat else "cmpl"
         shaper = Shaper(req.chat, f"{kind}-{gens[0].rid:x}", self.served.model_id)
         decoder = self.served.encoder.decoder
-        streams = [TextStream(decoder, g.tokens, req.stop) for g in gens]
+        streams = [TextStream(decoder, g.tokens, req.stop, req.keep_stop) for g in gens]
         choices = [Choice(i, g, t) for i, (g, t) in enumerate(zip(gens, streams, strict=True))]
         outcome = Outcome()
         try:

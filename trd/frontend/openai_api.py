@@ -100,6 +100,7 @@ class GenRequest:
     max_tokens_param: str  # the field max_tokens came from, for errors
     params: SamplingParams  # max_tokens is filled in once the prompt length is known
     stop: tuple[str, ...]
+    keep_stop: bool  # include_stop_str_in_output
     stream: bool
     include_usage: bool  # a last chunk with the usage
     continuous_usage: bool  # the usage so far in every chunk
@@ -178,7 +179,8 @@ def _gen(
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenRequest(
         chat=messages is not None, prompt=prompt, messages=messages, max_tokens=max_tokens,
-        max_tokens_param=max_param, params=params, stop=stop, stream=bool(req.stream),
+        max_tokens_param=max_param, params=params, stop=stop,
+        keep_stop=bool(req.include_stop_str_in_output), stream=bool(req.stream),
         include_usage=bool(options.include_usage),
         continuous_usage=bool(options.continuous_usage_stats),
         return_token_ids=bool(req.return_token_ids), n=req.n or 1,

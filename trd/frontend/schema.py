@@ -3,8 +3,9 @@
 Every integer limit comes from the width its field has on the wire to the engines
 (`trd.protocol.PARAMS_LAYOUT`), so a request accepted here always encodes. Besides
 OpenAI's fields we accept vLLM's extensions that real clients send (top_k, min_tokens,
-ignore_eos, stop_token_ids, stream_options.continuous_usage_stats, return_token_ids, and
-for chat add_generation_prompt, continue_final_message, chat_template_kwargs).
+ignore_eos, stop_token_ids, include_stop_str_in_output, return_token_ids,
+stream_options.continuous_usage_stats, and for chat add_generation_prompt,
+continue_final_message, chat_template_kwargs).
 Fields we cannot honour, OpenAI's or vLLM's, are accepted only at their no-op value
 (best_of=1, echo=false, min_p=0, guided_json=null, ...): a client that asks for them gets a
 400 rather than an answer that silently lacks them. Fields we do not know are ignored,
@@ -167,6 +168,7 @@ class GenerationRequest(_Schema):
         Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS), IN_VOCAB] | None
     ) = None
     ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None  # vLLM's: the text keeps the stop string
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     return_token_ids: bool | None = None  # vLLM's: output ids (and, ours, each one's model)
@@ -192,7 +194,6 @@ class GenerationRequest(_Schema):
     allowed_token_ids: Annotated[Any, _only(None)] = None
     bad_words: Annotated[Any, _only(None, [])] = None
     logits_processors: Annotated[Any, _only(None)] = None
-    include_stop_str_in_output: Annotated[Any, _only(None, False)] = None
     skip_special_tokens: Annotated[Any, _only(None, True)] = None
     spaces_between_special_tokens: Annotated[Any, _only(None, True)] = None
     truncate_prompt_tokens: Annotated[Any, _only(None)] = None

@@ -13,7 +13,8 @@ and nothing is released while the window ends inside a character.
 
 Stop strings: text is released only up to the start of the longest suffix that could
 still grow into a stop string, so no partial stop text ever reaches the client; once a
-stop string appears, the text is cut before it and the stream ends.
+stop string appears, the text is cut before it (after it with `keep_stop`, vLLM's
+include_stop_str_in_output) and the stream ends.
 """
 
 from __future__ import annotations
@@ -26,15 +27,22 @@ _REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, ids: Sequence[int], stops: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        ids: Sequence[int],
+        stops: Sequence[str] = (),
+        keep_stop: bool = False,
+    ) -> None:
         self.tok = tokenizer
         self.stops = tuple(stops)
+        self.keep_stop = keep_stop
         self.ids = ids  # the request's output ids, appended to by its owner
         self.prefix = 0  # window start: context for decoding the new ids
         self.read = 0  # ids before this are in `text` (= tokens the client has been served)
         self.text = ""
         self.sent = 0  # characters of `text` released
-        self.stopped = False  # a stop string matched; `text` ends before it
+        self.stopped = False  # a stop string matched; `text` ends before it (or after it)
 
     def update(self) -> str:
         """Decode the ids appended since; return the text that became safe to send."""
@@ -71,9 +79,14 @@ class TextStream:
         return out
 
     def _find_stop(self) -> int | None:
+        """Where the text ends at the first stop string, if one has appeared."""
         # A match cannot start before `sent`: its beginning would have been held back.
-        hits = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
-        return min(hits) if hits else None
+        found = ((self.text.find(s, self.sent), s) for s in self.stops)
+        hits = [(i, -len(s)) for i, s in found if i >= 0]  # the earliest, then the longest
+        if not hits:
+            return None
+        start, minus_len = min(hits)
+        return start - minus_len if self.keep_stop else start
 
     def _held(self) -> int:
         """Length of the longest suffix of the unsent text that begins some stop string."""
