@@ -17,8 +17,9 @@ from typing import Any
 
 import openai
 import pytest
+import torch
 from openai.types.chat import ChatCompletionMessageParam
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trd import version
 from trd.policies.params import PolicySpec
@@ -220,6 +221,44 @@ def test_n_choices_each_get_the_oracle_output_of_their_seed(
     assert texts == want and finishes == dict.fromkeys(range(3), "length")
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 3 * MAX_TOKENS
+
+
+def test_logprobs_are_the_producing_models_own(
+    daemon: Daemon, tiny_models: dict[str, Path]
+) -> None:
+    """Each token's log-probability and top 3 equal log_softmax of the model that made it,
+    recomputed in full by transformers (float64 engines; the wire carries float32)."""
+    client, prompt = daemon.client(), PROMPTS[0]
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    args: dict[str, Any] = {"model": daemon.model, "prompt": prompt, "logprobs": 3,
+                            "temperature": 0, "max_tokens": 12, "extra_body": extra}  # fmt: skip
+    choice = client.completions.create(**args).choices[0]
+    ids, names = (choice.model_extra or {})["token_ids"], (choice.model_extra or {})["token_models"]
+    lp = choice.logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    tok = AutoTokenizer.from_pretrained(tiny_models["small"])
+    models = {
+        n: AutoModelForCausalLM.from_pretrained(tiny_models[n], dtype=torch.float64) for n in NAMES
+    }
+    context = tok.encode(prompt)
+    for i, (token, name) in enumerate(zip(ids, names, strict=True)):
+        with torch.no_grad():
+            logits = models[name](torch.tensor([context + ids[:i]])).logits[0, -1]
+        ref = torch.log_softmax(logits, dim=-1)
+        assert lp.token_logprobs[i] == pytest.approx(ref[token].item(), abs=1e-5), i
+        top = sorted(lp.top_logprobs[i].values(), reverse=True)  # greedy: the chosen is top 1
+        assert top == pytest.approx(ref.topk(3).values.tolist(), abs=1e-5), i
+    assert set(names) == set(NAMES)  # both models' values were checked
+    # a stream's chunks carry the same values, each for the tokens its text came from
+    chunks = list(client.completions.create(stream=True, **args))
+    streamed = [v for c in chunks for v in (c.choices[0].logprobs.token_logprobs or [])]
+    assert streamed == lp.token_logprobs
+    # chat, as the openai client types it
+    r = client.chat.completions.create(model=daemon.model, messages=CHAT, logprobs=True,
+                                       top_logprobs=2, max_tokens=8, temperature=0)  # fmt: skip
+    content = r.choices[0].logprobs.content if r.choices[0].logprobs else None
+    assert content is not None and len(content) == 8
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob == e.logprob for e in content)
 
 
 def test_models_health_and_metrics(daemon: Daemon) -> None:

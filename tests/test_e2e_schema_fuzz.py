@@ -59,8 +59,8 @@ message = st.fixed_dictionaries(
      "content": texts | parts}
 )  # fmt: skip
 NOOPS: dict[str, list[Any]] = {
-    "best_of": [None, 1], "logprobs": [None, False], "echo": [None, False],
-    "top_logprobs": [None, 0], "suffix": [None, ""], "presence_penalty": [None, 0, 0.0],
+    "best_of": [None, 1], "echo": [None, False],
+    "suffix": [None, ""], "presence_penalty": [None, 0, 0.0],
     "frequency_penalty": [None, 0.0], "repetition_penalty": [None, 1.0],
     "logit_bias": [None, {}], "tools": [None, []], "tool_choice": [None, "none", "auto"],
     "response_format": [None, {"type": "text"}], "min_p": [None, 0, 0.0],
@@ -90,6 +90,8 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "include_stop_str_in_output": st.booleans(),
     "return_token_ids": st.booleans(),
     "n": st.integers(1, 3),
+    "logprobs": st.none() | st.booleans() | st.integers(0, 3),  # chat: bool; completions: int
+    "top_logprobs": st.integers(0, 3),
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries(
         {}, optional={"include_usage": st.booleans(), "continuous_usage_stats": st.booleans()}

@@ -111,7 +111,8 @@ BAD = [  # (fields, status, param, message part)
     ({"ignore_eos": 1}, 400, "ignore_eos", "boolean"),
     ({"echo": True}, 400, "echo", "only null or false"),
     ({"best_of": 2}, 400, "best_of", "only null or 1"),
-    ({"logprobs": 2}, 400, "logprobs", "only null or false"),
+    ({"logprobs": 21}, 400, "logprobs", "less than or equal to 20, got 21"),
+    ({"logprobs": True}, 400, "logprobs", "valid integer, got true"),
     ({"presence_penalty": 0.5}, 400, "presence_penalty", "only null or 0 or 0.0"),
     ({"frequency_penalty": -1}, 400, "frequency_penalty", "only null or 0 or 0.0"),
     ({"logit_bias": {"5": 1}}, 400, "logit_bias", "only null or {}"),
@@ -172,6 +173,32 @@ def test_chat_messages_and_max_completion_tokens() -> None:
         {"role": "user", "content": "ab"},
     ]
     assert req.max_tokens == 9
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "part"),
+    [({"top_logprobs": 2}, "top_logprobs", "needs logprobs to be true"),
+     ({"logprobs": False, "top_logprobs": 2}, "top_logprobs", "needs logprobs to be true"),
+     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+     ({"logprobs": 2}, "logprobs", "valid boolean")],
+)  # fmt: skip
+def test_bad_chat_logprobs(fields: dict[str, Any], param: str, part: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **fields}
+    with pytest.raises(ApiError) as err:
+        parse_chat(body, MODEL, VOCAB)
+    assert (err.value.status, err.value.param) == (400, param)
+    assert part in err.value.message
+
+
+def test_logprobs_reach_the_sampling_params() -> None:
+    assert completion(logprobs=3).params.logprobs == 3
+    assert completion(logprobs=0).params.logprobs == 0
+    assert completion().params.logprobs is None
+    chat = [{"role": "user", "content": "x"}]
+    for fields, k in (({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 5}, 5),
+                      ({"logprobs": False}, None), ({}, None)):  # fmt: skip
+        body = {"model": MODEL, "messages": chat, **fields}
+        assert parse_chat(body, MODEL, VOCAB).params.logprobs == k
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,18 @@ SAMPLES: list[Message] = [
     Done(2**64 - 1, 255, 2**32 - 1, 0, 2**64 - 1, f32()),
     Done(4, 0, 0, 0, 1, f32(float("nan"), float("inf"), -0.0, 3.4028235e38)),
     PeerReq(9, 3, PeerKind.HANDOFF, 7, i32(5, 6), 4, None, b"pol", 1.5, u32(7, 2**32 - 1, 0)),
+    Emit(
+        11,
+        3,
+        i32(4, 5),
+        np.array([0, 1], np.uint8),
+        FinishReason.STOP,
+        "",
+        f32(-0.5, float("-inf")),
+        i32(4, 9, 5, 4),
+        f32(-0.5, -1.25, -0.0, -2.0),
+    ),
+    Emit(12, 0, i32(7), np.array([1], np.uint8), FinishReason.NONE, "", f32(-3.0), i32(), f32()),
 ]
 
 
@@ -127,8 +139,11 @@ def test_peer_frame_layout_is_stable() -> None:
 def test_submit_frame_layout_is_stable() -> None:
     p = SamplingParams(5, 0.5, 0.25, 3, None, (7,), ignore_eos=True, min_tokens=2)
     head = struct.pack("<BBQI", 1, VERSION, 9, 1)
-    params = struct.pack("<IddIqBII", 5, 0.5, 0.25, 3, -1, 1, 2, 1) + struct.pack("<i", 7)
+    params = struct.pack("<IddIqBIbI", 5, 0.5, 0.25, 3, -1, 1, 2, -1, 1) + struct.pack("<i", 7)
     assert encode(Submit(9, i32(4), p)) == head + params + struct.pack("<i", 4)
+    with_logprobs = dataclasses.replace(p, logprobs=20)
+    params = params[:-9] + struct.pack("<bIi", 20, 1, 7)
+    assert encode(Submit(9, i32(4), with_logprobs)) == head + params + struct.pack("<i", 4)
 
 
 def test_int_range_is_what_a_format_code_carries() -> None:
@@ -240,8 +255,9 @@ def at(prefix: str) -> int:
 
 
 # Submit: tag ver rid n_prompt | params: max_tokens temperature top_p top_k seed ignore_eos
-# min_tokens n_stop | stop ids.  PeerReq: tag ver rid seq kind loc prompt_len sent_at n_tok
-# n_extra has_params n_anchors.  Emit: tag ver rid pos finish n n_error.
+# min_tokens logprobs n_stop | stop ids.  PeerReq: tag ver rid seq kind loc prompt_len
+# sent_at n_tok n_extra has_params n_anchors.  Emit: tag ver rid pos finish n n_error
+# has_logprobs k.
 SUBMIT, PARAMS_AT = "BBQ", "BBQI"
 PEER = "BBQIBIIdI"
 
@@ -264,7 +280,10 @@ PEER = "BBQIBIIdI"
         (patched(SAMPLES[0], at(PARAMS_AT + "IddI"), "<q", -2), "seed must be None or in"),
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIq"), "<B", 3), "bad ignore_eos byte 3"),
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIqB"), "<I", 17), "min_tokens must be in"),
-        (patched(SAMPLES[1], at(PARAMS_AT + "IddIqBII"), "<i", -5), "stop_token_ids must be in"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBI"), "<b", 21), "logprobs must be None or in"),
+        (patched(SAMPLES[1], at(PARAMS_AT + "IddIqBIbI"), "<i", -5), "stop_token_ids must be in"),
+        (patched(SAMPLES[-2], at("BBQIBII"), "<B", 2), "bad has_logprobs byte 2"),
+        (patched(SAMPLES[-2], at("BBQIBIIB"), "<B", 3), "truncated frame"),
         (patched(SAMPLES[5], 19, "<I", 1) + b"\xff", "Emit.error is not utf-8"),
         (patched(SAMPLES[5], 15, "<I", 3), "truncated frame: array needs"),
         (patched(SAMPLES[10], 15, "<I", 1) + b"\xff", "Ready.error is not utf-8"),
@@ -315,6 +334,38 @@ def peer(**kw: Any) -> PeerReq:
         (peer(anchors=np.zeros(MAX_MODELS + 1, np.uint32)), "anchors has 256 entries, limit 255"),
         (Emit(1, 0, i32(1, 2), np.array([0], np.uint8), FinishReason.NONE), "models \\(1,\\)"),
         (Emit(1, 0, i32(1), np.array([0], np.int32), FinishReason.NONE), "uint8"),
+        (
+            Emit(1, 0, i32(1), np.array([0], np.uint8), FinishReason.NONE, "", f32(-1.0)),
+            "needs Emit.top_ids",
+        ),
+        (
+            Emit(
+                1,
+                0,
+                i32(1),
+                np.array([0], np.uint8),
+                FinishReason.NONE,
+                "",
+                f32(-1.0, -2.0),
+                i32(),
+                f32(),
+            ),
+            "do not fit 1 tokens",
+        ),
+        (
+            Emit(
+                1,
+                0,
+                i32(1, 2),
+                np.array([0, 0], np.uint8),
+                FinishReason.NONE,
+                "",
+                f32(-1.0, -2.0),
+                i32(3),
+                f32(-1.0),
+            ),
+            "do not fit 2 tokens",
+        ),
         (Abort(-1), "cannot encode Abort"),
         (Ready(1, 2, 3, 4, "\ud800"), "cannot encode Ready"),
         (Ready(256, 2, 3, 4, "x"), "cannot encode Ready"),
@@ -340,6 +391,8 @@ def test_encode_rejects_what_the_wire_cannot_carry(msg: Any, match: str) -> None
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
         ({"top_k": -1}, "top_k must be >= 0, got -1"),
+        ({"logprobs": 21}, r"logprobs must be None or in \[0, 20\], got 21"),
+        ({"logprobs": -1}, "logprobs must be None or in"),
         ({"seed": -1}, r"seed must be None or in \[0, 2\*\*63\), got -1"),
         ({"seed": 2**63}, "got 9223372036854775808"),
         ({"stop_token_ids": (3, -1)}, r"stop_token_ids must be in .*got \(3, -1\)"),

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from trd.engines.request import Request
+from trd.engines.step import TokenLogprobs
 from trd.ipc.names import FRONTEND
 from trd.protocol import Done, Emit, FinishReason, Message, PeerKind, PeerReq
 
@@ -39,8 +40,15 @@ class Outbound:
         self.send = send  # raises PeerGone when the receiver is gone
         self.finished: OrderedDict[int, None] = OrderedDict()
 
-    def emit(self, req: Request, pos: int, token: int, reason: FinishReason) -> Emit:
-        return Emit(req.rid, pos, _i32([token]), _u8([self.index]), reason)
+    def emit(
+        self, req: Request, pos: int, token: int, reason: FinishReason, lp: TokenLogprobs | None
+    ) -> Emit:
+        msg = Emit(req.rid, pos, _i32([token]), _u8([self.index]), reason)
+        if lp is not None:
+            msg.logprobs = np.asarray([lp.logprob], np.float32)
+            msg.top_ids = _i32(lp.top_ids)
+            msg.top_logprobs = np.asarray(lp.top_logprobs, np.float32)
+        return msg
 
     def handoff(self, req: Request, dst: int, extra: bytes) -> None:
         """Send `req` to `dst` with what `dst` has not seen; raises PeerGone."""

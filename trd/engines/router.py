@@ -27,7 +27,7 @@ from trd.engines.outbound import Outbound, PeerGone, Send
 from trd.engines.request import Request, State
 from trd.engines.spec import EngineSpec
 from trd.engines.stats import EngineStats
-from trd.engines.step import StepResult
+from trd.engines.step import StepResult, TokenLogprobs
 from trd.engines.threads import ThreadShare
 from trd.ipc.counters import Counters
 from trd.ipc.names import FRONTEND
@@ -93,9 +93,10 @@ class RoutingEngine:
         # critical path, the front end is not (it orders Emits by position anyway).
         emits: list[Emit] = []
         finished: list[Request] = []
-        for req, token, route in zip(host.requests, host.tokens, host.routes, strict=True):
+        rows = zip(host.requests, host.tokens, host.routes, host.logprobs, strict=True)
+        for req, token, route, lp in rows:
             try:
-                self._apply(req, token, route, emits, finished)
+                self._apply(req, token, route, lp, emits, finished)
             except Exception as exc:
                 log.exception("engine %d: routing request %x", self.index, req.rid)
                 self._fail(req, f"internal error: {type(exc).__name__}: {exc}")
@@ -125,14 +126,20 @@ class RoutingEngine:
         return routes_
 
     def _apply(
-        self, req: Request, token: int, route: Route, emits: list[Emit], finished: list[Request]
+        self,
+        req: Request,
+        token: int,
+        route: Route,
+        lp: TokenLogprobs | None,
+        emits: list[Emit],
+        finished: list[Request],
     ) -> None:
         req.forwards += 1
         self.stats.record_route(route.dst, int(route.commit))
         if route.commit:
             pos = req.num_output
             reason = self.engine.commit(req, [token])
-            emits.append(self.out.emit(req, pos, token, reason))
+            emits.append(self.out.emit(req, pos, token, reason, lp))
             if reason is not FinishReason.NONE:
                 finished.append(req)
                 return

@@ -27,6 +27,7 @@ from aiohttp import web
 from trd import version
 from trd.frontend.body import MAX_BODY_BYTES, read_json
 from trd.frontend.choices import Choice, choice_params, interleaved
+from trd.frontend.logprobs import LogprobShaper
 from trd.frontend.metrics import Metrics
 from trd.frontend.openai_api import (
     ApiError,
@@ -202,8 +203,11 @@ class OpenAIApi:
         kind = "chatcmpl" if req.chat else "cmpl"
         shaper = Shaper(req.chat, f"{kind}-{gens[0].rid:x}", self.served.model_id)
         decoder = self.served.encoder.decoder
-        streams = [TextStream(decoder, g.tokens, req.stop, req.keep_stop) for g in gens]
-        choices = [Choice(i, g, t) for i, (g, t) in enumerate(zip(gens, streams, strict=True))]
+        choices = [
+            Choice(i, g, TextStream(decoder, g.tokens, req.stop, req.keep_stop),
+                   LogprobShaper(decoder, req.chat) if params.logprobs is not None else None)
+            for i, g in enumerate(gens)
+        ]  # fmt: skip
         outcome = Outcome()
         try:
             if req.stream:
@@ -213,12 +217,12 @@ class OpenAIApi:
                 async for c, delta in deltas:
                     parts[c.index].append(delta or "")
             texts = ["".join(p) for p in parts]
-            names = self.served.names
-            bodies = [
-                shaper.choice(c.index, t, c.finish_reason,
-                              c.produced(names, 0) if req.return_token_ids else None)
-                for c, t in zip(choices, texts, strict=True)
-            ]  # fmt: skip
+            names, bodies = self.served.names, []
+            for c, text in zip(choices, texts, strict=True):
+                begin, end = c.span()
+                produced = c.produced(names, begin, end) if req.return_token_ids else None
+                logprobs = c.shaped_logprobs(begin, end)
+                bodies.append(shaper.choice(c.index, text, c.finish_reason, produced, logprobs))
             outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
             return web.json_response(shaper.final(bodies, self._usage(choices)))
         except ApiError as exc:
@@ -253,9 +257,12 @@ class OpenAIApi:
 
         def chunk(c: Choice, delta: str | None, finish: str | None = None) -> dict[str, Any]:
             usage = self._usage(choices) if req.continuous_usage else None
-            names = self.served.names
-            produced = c.produced(names) if req.return_token_ids and delta is not None else None
-            return shaper.chunk(c.index, delta, finish, usage, produced)
+            if delta is None:  # a chat choice's opening: no tokens yet
+                return shaper.chunk(c.index, delta, finish, usage)
+            begin, end = c.span()
+            produced = c.produced(self.served.names, begin, end) if req.return_token_ids else None
+            logprobs = c.shaped_logprobs(begin, end)
+            return shaper.chunk(c.index, delta, finish, usage, produced, logprobs)
 
         if req.chat:
             for c in choices:

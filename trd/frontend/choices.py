@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
+from typing import Any
 
+from trd.frontend.logprobs import LogprobShaper
 from trd.frontend.openai_api import ApiError
 from trd.frontend.responses import Produced
 from trd.frontend.stream import TextStream
@@ -33,7 +35,8 @@ class Choice:
     index: int
     gen: Generation
     text: TextStream
-    sent: int = 0  # output tokens whose ids a chunk has carried (return_token_ids)
+    logprobs: LogprobShaper | None  # when the request asks for them
+    sent: int = 0  # output tokens a chunk has carried the ids or log-probabilities of
 
     @property
     def finish_reason(self) -> str:
@@ -45,13 +48,18 @@ class Choice:
         """Producing model per token served: a stop string ends the output early."""
         return self.gen.models[: self.text.read]
 
-    def produced(self, names: list[str], start: int | None = None) -> Produced:
-        """The ids (and models) from `start` (default: the last chunk's end) to what the
-        client has been served; later calls continue from there."""
-        begin = self.sent if start is None else start
-        end = self.sent = self.text.read
+    def span(self) -> tuple[int, int]:
+        """The output tokens served since the last call: [the last span's end, now)."""
+        begin, self.sent = self.sent, self.text.read
+        return begin, self.sent
+
+    def produced(self, names: list[str], begin: int, end: int) -> Produced:
+        """The ids of output tokens [begin, end) and the models that made them."""
         gen = self.gen
         return Produced(gen.tokens[begin:end], [names[m] for m in gen.models[begin:end]])
+
+    def shaped_logprobs(self, begin: int, end: int) -> dict[str, Any] | None:
+        return None if self.logprobs is None else self.logprobs.span(self.gen, begin, end)
 
     async def deltas(self) -> AsyncIterator[str]:
         """The text as it is committed, until it ends or a stop string matches."""

@@ -154,6 +154,7 @@ def _gen(
     prompt: str | list[int] | None = None,
     messages: list[dict[str, str]] | None = None,
     template: ChatTemplateArgs | None = None,
+    logprobs: int | None = None,
 ) -> GenRequest:
     if req.stream_options is not None and not req.stream:
         raise bad("stream_options", "only allowed when stream is true")
@@ -175,6 +176,7 @@ def _gen(
         stop_token_ids=tuple(req.stop_token_ids or ()),
         ignore_eos=bool(req.ignore_eos),
         min_tokens=min_tokens,
+        logprobs=logprobs,
     )
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenRequest(
@@ -191,13 +193,16 @@ def _gen(
 def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(CompletionRequest, body, vocab_size)
     check_model(req.model, served)
-    return _gen(req, COMPLETIONS_MAX_TOKENS, prompt=req.prompt)
+    return _gen(req, COMPLETIONS_MAX_TOKENS, prompt=req.prompt, logprobs=req.logprobs)
 
 
 def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(ChatRequest, body, vocab_size)
     check_model(req.model, served)
-    return _gen(req, None, messages=_messages(req), template=_template(req))
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad("top_logprobs", "needs logprobs to be true")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _gen(req, None, messages=_messages(req), template=_template(req), logprobs=logprobs)
 
 
 def _messages(req: ChatFields) -> list[dict[str, str]]:

@@ -70,10 +70,15 @@ class Shaper:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def choice(
-        self, index: int, text: str, finish_reason: str, produced: Produced | None = None
+        self,
+        index: int,
+        text: str,
+        finish_reason: str,
+        produced: Produced | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """One choice of a final body."""
-        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -92,13 +97,14 @@ class Shaper:
         finish_reason: str | None = None,
         usage: Usage | None = None,
         produced: Produced | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A text delta of choice `index`; `None` text opens a chat stream's choice (the
         assistant role, no content).
 
         With `usage` (vLLM's continuous_usage_stats) the chunk carries the counts so far;
-        with `produced`, the tokens this delta was decoded from."""
-        choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish_reason}
+        with `produced` and `logprobs`, the tokens this delta was decoded from."""
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             choice["delta"] = (
                 {"role": "assistant", "content": ""} if text is None else {"content": text}

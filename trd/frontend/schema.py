@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from trd.protocol import PARAMS_LAYOUT, TOKEN_ID, int_range
+from trd.protocol import MAX_LOGPROBS, PARAMS_LAYOUT, TOKEN_ID, int_range
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
@@ -175,8 +175,6 @@ class GenerationRequest(_Schema):
     user: Text | None = None  # an end-user label; only checked
     n: Annotated[int, Interval(ge=1, le=MAX_CHOICES)] | None = None  # choices, each its own run
     best_of: Annotated[Any, _only(None, 1)] = None
-    logprobs: Annotated[Any, _only(None, False)] = None
-    top_logprobs: Annotated[Any, _only(None, 0)] = None
     echo: Annotated[Any, _only(None, False)] = None
     suffix: Annotated[Any, _only(None, "")] = None
     presence_penalty: Annotated[Any, _only(None, 0, 0.0)] = None
@@ -206,8 +204,12 @@ class GenerationRequest(_Schema):
     priority: Annotated[Any, _only(None, 0)] = None
 
 
+Logprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS)]
+
+
 class CompletionRequest(GenerationRequest):
     prompt: Prompt
+    logprobs: Logprobs | None = None  # the chosen token's and this many alternatives'
 
 
 # apply_chat_template's own arguments and the names it gives the template: not for clients
@@ -243,7 +245,8 @@ class ChatFields(_Schema):
 
 
 class ChatRequest(GenerationRequest, ChatFields):
-    pass
+    logprobs: bool | None = None
+    top_logprobs: Logprobs | None = None  # alternatives per token; needs logprobs true
 
 
 # vLLM's /tokenize (a prompt or a chat) and /detokenize; the model is optional there.

@@ -12,6 +12,7 @@ from trd.protocol.codec import (
 )
 from trd.protocol.messages import (
     MAX_EXTRA,
+    MAX_LOGPROBS,
     Abort,
     Control,
     Done,
@@ -29,6 +30,7 @@ from trd.protocol.messages import (
 
 __all__ = [
     "MAX_EXTRA",
+    "MAX_LOGPROBS",
     "MAX_MODELS",
     "PARAMS_LAYOUT",
     "TOKEN_ID",

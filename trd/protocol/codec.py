@@ -6,9 +6,10 @@ bytes, strings as utf-8), in the order drawn below. No pickle: a frame from a pe
 another host is untrusted input, and `decode` turns every malformed frame into a
 `ProtocolError`.
 
-    params block P (41 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
+    params block P (42 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
                             | seed i64 (-1 = None) | ignore_eos u8 | min_tokens u32
-                            | n_stop u32 then stop_token_ids i32[n_stop]
+                            | logprobs i8 (-1 = None) | n_stop u32
+                            then stop_token_ids i32[n_stop]
 
     Submit  (tag 1):  tag u8 | ver u8 | rid u64 | n_prompt u32 | P | prompt i32[n_prompt]
     PeerReq (tag 2):  tag u8 | ver u8 | rid u64 | handoff_seq u32
@@ -17,7 +18,9 @@ another host is untrusted input, and `decode` turns every malformed frame into a
                       | [P if has_params] | tokens i32[n_tokens] | anchors u32[n_anchors]
                       | extra u8[n_extra]
     Emit    (tag 3):  tag u8 | ver u8 | rid u64 | pos u32 | finish u8 | n u32 | n_error u32
-                      | tokens i32[n] | models u8[n] | error utf-8[n_error]
+                      | has_logprobs u8 | k u8 | tokens i32[n] | models u8[n]
+                      | [logprobs f32[n] | top_ids i32[n*k] | top_logprobs f32[n*k]
+                         if has_logprobs] | error utf-8[n_error]
     Abort   (tag 4):  tag u8 | ver u8 | rid u64
     Ready   (tag 5):  tag u8 | ver u8 | model u8 | pid u32 | kv_pages u32 | page_size u32
                       | n_error u32 | error utf-8[n_error]
@@ -51,7 +54,7 @@ from trd.protocol.messages import (
     Submit,
 )
 
-VERSION = 2  # 2: min_tokens in the params block
+VERSION = 3  # 2: min_tokens in the params block; 3: logprobs
 _T_SUBMIT, _T_PEER, _T_EMIT, _T_ABORT, _T_READY, _T_DONE = 1, 2, 3, 4, 5, 6
 _T_STATS, _T_CONTROL = 7, 8
 MAX_MODELS = 255
@@ -59,13 +62,13 @@ MAX_MODELS = 255
 # limits from these widths (trd.frontend.openai_api), so whatever it accepts fits here.
 PARAMS_LAYOUT: dict[str, str] = {
     "max_tokens": "I", "temperature": "d", "top_p": "d", "top_k": "I", "seed": "q",
-    "ignore_eos": "B", "min_tokens": "I", "n_stop": "I",
+    "ignore_eos": "B", "min_tokens": "I", "logprobs": "b", "n_stop": "I",
 }  # fmt: skip
 TOKEN_ID = "i"  # prompt and stop token ids
 _PARAMS = struct.Struct("<" + "".join(PARAMS_LAYOUT.values()))
 _SUBMIT = struct.Struct("<BBQI")
 _PEER = struct.Struct("<BBQIBIIdIIBB")
-_EMIT = struct.Struct("<BBQIBII")
+_EMIT = struct.Struct("<BBQIBIIBB")
 _ABORT = struct.Struct("<BBQ")
 _READY = struct.Struct("<BBBIIII")
 _DONE = struct.Struct("<BBQBIIQI")
@@ -97,10 +100,12 @@ def _raw(name: str, arr: np.ndarray, dtype: np.dtype = _I32) -> bytes:
 
 def _enc_params(p: SamplingParams) -> bytes:
     seed = -1 if p.seed is None else p.seed
+    logprobs = -1 if p.logprobs is None else p.logprobs
     n = len(p.stop_token_ids)
     head = _PARAMS.pack(
-        p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, p.min_tokens, n
-    )
+        p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, p.min_tokens,
+        logprobs, n,
+    )  # fmt: skip
     return head + struct.pack(f"<{n}{TOKEN_ID}", *p.stop_token_ids) if n else head
 
 
@@ -129,9 +134,22 @@ def _enc_emit(m: Emit) -> bytes:
     tokens, models = _raw("Emit.tokens", m.tokens), _raw("Emit.models", m.models, _U8)
     if m.models.shape != m.tokens.shape:
         raise ProtocolError(f"Emit.models {m.models.shape} != Emit.tokens {m.tokens.shape}")
-    error = m.error.encode()
-    head = _EMIT.pack(_T_EMIT, VERSION, m.rid, m.pos, m.finish, len(m.tokens), len(error))
-    return b"".join((head, tokens, models, error))
+    error, n = m.error.encode(), len(m.tokens)
+    if m.logprobs is None:
+        head = _EMIT.pack(_T_EMIT, VERSION, m.rid, m.pos, m.finish, n, len(error), 0, 0)
+        return b"".join((head, tokens, models, error))
+    if m.top_ids is None or m.top_logprobs is None:
+        raise ProtocolError("Emit.logprobs needs Emit.top_ids and Emit.top_logprobs")
+    k = len(m.top_ids) // n if n else 0
+    if m.logprobs.shape != (n,) or m.top_ids.shape != (n * k,) or len(m.top_logprobs) != n * k:
+        raise ProtocolError(f"Emit log-probabilities do not fit {n} tokens")
+    arrays = (
+        _raw("Emit.logprobs", m.logprobs, _F32),
+        _raw("Emit.top_ids", m.top_ids),
+        _raw("Emit.top_logprobs", m.top_logprobs, _F32),
+    )
+    head = _EMIT.pack(_T_EMIT, VERSION, m.rid, m.pos, m.finish, n, len(error), 1, k)
+    return b"".join((head, tokens, models, *arrays, error))
 
 
 def _enc_abort(m: Abort) -> bytes:
@@ -218,9 +236,8 @@ def _utf8(buf: memoryview, off: int, n: int, name: str) -> tuple[str, int]:
 def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
     if off + _PARAMS.size > len(buf):
         raise ProtocolError(f"truncated frame: sampling params end past {len(buf)} bytes")
-    max_tokens, temp, top_p, top_k, seed, ignore_eos, min_tokens, n_stop = _PARAMS.unpack_from(
-        buf, off
-    )
+    (max_tokens, temp, top_p, top_k, seed, ignore_eos, min_tokens, logprobs,
+     n_stop) = _PARAMS.unpack_from(buf, off)  # fmt: skip
     off += _PARAMS.size
     end = off + 4 * n_stop
     if end > len(buf):
@@ -231,6 +248,7 @@ def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
         params = SamplingParams(
             max_tokens, temp, top_p, top_k, None if seed == -1 else seed,
             struct.unpack_from(f"<{n_stop}{TOKEN_ID}", buf, off), bool(ignore_eos), min_tokens,
+            None if logprobs == -1 else logprobs,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(f"invalid sampling params: {e}") from e
@@ -268,13 +286,20 @@ def _dec_peer(buf: memoryview) -> tuple[Message, int]:
 
 
 def _dec_emit(buf: memoryview) -> tuple[Message, int]:
-    _, _, rid, pos, finish, n, n_error = _EMIT.unpack_from(buf)
+    _, _, rid, pos, finish, n, n_error, has_logprobs, k = _EMIT.unpack_from(buf)
     if finish not in _FINISH_REASONS:
         raise ProtocolError(f"bad FinishReason {finish}")
+    if has_logprobs > 1:
+        raise ProtocolError(f"bad has_logprobs byte {has_logprobs}")
     tokens, off = _array(buf, _EMIT.size, n, _I32)
     models, off = _array(buf, off, n, _U8)
-    error, end = _utf8(buf, off, n_error, "Emit.error")
-    return Emit(rid, pos, tokens, models, _FINISH_REASONS[finish], error), end
+    msg = Emit(rid, pos, tokens, models, _FINISH_REASONS[finish])
+    if has_logprobs:
+        msg.logprobs, off = _array(buf, off, n, _F32)
+        msg.top_ids, off = _array(buf, off, n * k, _I32)
+        msg.top_logprobs, off = _array(buf, off, n * k, _F32)
+    msg.error, end = _utf8(buf, off, n_error, "Emit.error")
+    return msg, end
 
 
 def _dec_abort(buf: memoryview) -> tuple[Message, int]:

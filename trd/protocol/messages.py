@@ -11,6 +11,7 @@ from enum import IntEnum
 import numpy as np
 
 MAX_EXTRA = 64 * 1024  # bytes of policy-defined data a PeerReq may carry
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (vLLM's default limit)
 
 
 class ProtocolError(ValueError):
@@ -41,6 +42,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0  # eos and stop ids cannot end the output before this many tokens
+    # None: no log-probabilities; k: each output token's, and its k most likely alternatives
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not self.max_tokens >= 1:
@@ -53,6 +56,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not self.top_k >= 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(
+                f"logprobs must be None or in [0, {MAX_LOGPROBS}], got {self.logprobs!r}"
+            )
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be None or in [0, 2**63), got {self.seed!r}")
         # Token ids travel as int32 on the wire.
@@ -102,6 +109,12 @@ class Emit:
     models: np.ndarray  # uint8, producing model per token
     finish: FinishReason  # NONE while running
     error: str = ""  # set when finish == ERROR
+    # Asked with SamplingParams.logprobs = k: per token its log-probability under the model
+    # that produced it (float32, n) and that model's k most likely tokens, row by row
+    # (int32 and float32, n * k); None when not asked.
+    logprobs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
 
 @dataclass(slots=True)

@@ -18,7 +18,18 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from trd.protocol import Done, Emit, FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """An output token's log-probability under the model that made it, and that model's
+    most likely tokens as (id, log-probability), as many as the request asked for."""
+
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass(eq=False)
@@ -39,6 +50,7 @@ class Generation:
     done_at: float | None = None  # last token in order, or the failure
     progress_at: float = field(default_factory=time.monotonic)  # last message about it
     ahead: dict[int, tuple[int, int]] = field(default_factory=dict)
+    logprobs: dict[int, Logprob] = field(default_factory=dict)  # by output position, if asked
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -71,6 +83,8 @@ class Generation:
             zip(emit.tokens.tolist(), emit.models.tolist(), strict=True)
         ):
             self._place(emit.pos + i, tok, model)
+        if emit.logprobs is not None and emit.top_ids is not None and emit.top_logprobs is not None:
+            self._keep_logprobs(emit.pos, emit.logprobs, emit.top_ids, emit.top_logprobs)
         if emit.finish is not FinishReason.NONE and self.finish is FinishReason.NONE:
             if emit.finish is FinishReason.ERROR:
                 self.fail(emit.error or "the engine failed the request")
@@ -88,6 +102,15 @@ class Generation:
             self.duplicates += 1
         else:
             self.fail(f"conflicting tokens for output position {pos}: {have} and {(tok, model)}")
+
+    def _keep_logprobs(
+        self, pos: int, logprobs: np.ndarray, top_ids: np.ndarray, top_logprobs: np.ndarray
+    ) -> None:
+        n = len(logprobs)
+        ids = top_ids.reshape(n, -1).tolist() if n else []
+        lps = top_logprobs.reshape(n, -1).tolist() if n else []
+        for i, lp in enumerate(logprobs.tolist()):
+            self.logprobs.setdefault(pos + i, Logprob(lp, list(zip(ids[i], lps[i], strict=True))))
 
     def _release(self) -> None:
         before = len(self.tokens)
