@@ -33,11 +33,11 @@ import torch
 from trd.policies.heads import load_head, save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
+from trd.routers import data
+from trd.routers.fit import recall_threshold
+from trd.routers.pairs import resolve_pair
+from trd.routers.prompts import prompts
 
-from routerkit import data
-from routerkit.fit import recall_threshold
-from routerkit.pairs import resolve_pair
-from routerkit.prompts import prompts
 from routerkit.report import offline_table, plot, table
 from routerkit.sweep import Job, Judge, run, sweep
 from routerkit.sweep import group_for as start_group

@@ -14,14 +14,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import trd.routers.prompts as routerkit_prompts
 from trd.demo import distil, teacher
 from trd.demo.large import ensure_large
 from trd.demo.partner import LAYERS, TOKENIZER_FILES, Budget, build_partner, slice_of
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
-
-import routerkit.prompts as routerkit_prompts
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 

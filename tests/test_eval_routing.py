@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from trd.routers import data
+from trd.routers.prompts import TRAIN_CHAT_PROMPTS, prompts
+
 import eval_routing
 from benchkit.chat_prompts import CHAT_PROMPTS
-from routerkit import data
-from routerkit.prompts import TRAIN_CHAT_PROMPTS, prompts
 from routerkit.report import at_share, table
 from routerkit.sweep import Point, refinements
 

@@ -14,9 +14,8 @@ from trd.policies.base import PolicyContext
 from trd.policies.factory import make_policy
 from trd.policies.heads import load_head
 from trd.policies.params import PolicySpec
-
-import train_router
-from routerkit.fit import recall_threshold
+from trd.routers import train as train_router
+from trd.routers.fit import recall_threshold
 
 
 def test_recall_rule_picks_the_highest_threshold_keeping_95_percent() -> None:
@@ -103,8 +102,9 @@ def test_the_evaluation_scores_every_position_with_trained_and_random_heads(
     untrained one of its shape) reads the features the data gives it."""
     import argparse
 
+    from trd.routers import data
+
     import eval_routing
-    from routerkit import data
 
     prompts, answers = [[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15, 16]]
     pos = data.teacher_force(tiny_models["small"], prompts, answers)

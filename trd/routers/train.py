@@ -42,11 +42,10 @@ import torch
 
 from trd.policies.heads import save_head
 from trd.policies.pair import PairIdentity
-
-from routerkit import data
-from routerkit.fit import fit
-from routerkit.pairs import resolve_pair
-from routerkit.prompts import prompts
+from trd.routers import data
+from trd.routers.fit import fit
+from trd.routers.pairs import resolve_pair
+from trd.routers.prompts import prompts
 
 MAGPIE_PROMPTS = 512
 

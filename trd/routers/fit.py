@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from trd.policies.heads import Layers
-
-from routerkit.data import Positions
+from trd.routers.data import Positions
 
 HIDDEN = {"citer": [128], "r2r": [128], "collm": []}
 MIN_RECALL = 0.95
