@@ -4,7 +4,7 @@
     .venv/bin/python scripts/eval_routing.py --pair tiny --heads routers/tiny --out quality/tiny
 
 Curves: the entropy rule (rstitch), GlimpRouter (glimp), the trained citer/r2r/collm heads
-(from scripts/train_router.py's --out) and untrained heads of the same shapes (seeded,
+(from `tokenrouterd train-router --out`) and untrained heads of the same shapes (seeded,
 written to OUT/random/). Reference points: large-only and small-only. Every point runs
 the evaluation prompts (none of them seen in training) on real engine processes at
 concurrency --concurrency, greedy; measures in scripts/routerkit/sweep.py.
@@ -36,8 +36,8 @@ from trd.protocol import SamplingParams
 from trd.routers import data
 from trd.routers.fit import recall_threshold
 from trd.routers.pairs import resolve_pair
-from trd.routers.prompts import prompts
 
+from routerkit.judging import judging_prompts
 from routerkit.report import offline_table, plot, table
 from routerkit.sweep import Job, Judge, run, sweep
 from routerkit.sweep import group_for as start_group
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pair", choices=("demo", "tiny"), help="a known pair (else --small/--large)")
     ap.add_argument("--small", type=Path)
     ap.add_argument("--large", type=Path)
-    ap.add_argument("--heads", type=Path, required=True, help="train_router.py's --out folder")
+    ap.add_argument("--heads", type=Path, required=True, help="train-router's --out folder")
     ap.add_argument("--prompts", choices=("chat", "written", "corpus"),
                     help="default: corpus for --pair tiny, else chat (the bench's 32 chat "
                          "prompts); written: those and the 64 chat training prompts, for "
@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def heads_prompt_source(heads: Path) -> str | None:
-    """The prompt source train_router.py recorded for the heads (None: no training.json)."""
+    """The prompt source train-router recorded for the heads (None: no training.json)."""
     path = heads / "training.json"
     return json.loads(path.read_text()).get("prompt_source") if path.is_file() else None
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shares = [float(s) for s in args.shares.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     params = SamplingParams(max_tokens=args.max_tokens)
-    jobs: list[Job] = [(p, params) for p in prompts(args.prompts, "eval", args.small,
+    jobs: list[Job] = [(p, params) for p in judging_prompts(args.prompts, args.small,
                                                      args.num_prompts)]  # fmt: skip
     large_only = alone(args.large, jobs, args)
     judge = Judge(args.large, jobs, [g.tokens for g in large_only[0]])

@@ -118,13 +118,13 @@ def test_teacher_targets_are_the_distributions_that_chose_the_answers(
 
 
 def test_router_training_questions_are_the_large_models_own(large: Path) -> None:
-    """`teacher.questions` (train_router's magpie prompts): the user turn's text alone,
+    """`teacher.questions` (train-router's magpie prompts): the user turn's text alone,
     distinct, rendered back through the chat template as a prompt ending in the header."""
     qs = teacher.questions(large, 4, seed=5, workers=2)
     assert 1 <= len(qs) == len(set(qs)) <= 4
     for q in qs:
         assert q == q.strip() and q and "<|im_" not in q and teacher.SYSTEM not in q
-    ids = routerkit_prompts.prompts("magpie", "train", large, 2, large)
+    ids = routerkit_prompts.prompts("magpie", large, 2, large)
     assert len(ids) == 2  # of 3 asked for (seeded: each ends within 64 tokens)
     tok = AutoTokenizer.from_pretrained(large)
     for p in ids:
@@ -132,7 +132,7 @@ def test_router_training_questions_are_the_large_models_own(large: Path) -> None
         assert isinstance(text, str)
         assert text.startswith(teacher.USER_PREFIX) and text.endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="large model"):
-        routerkit_prompts.prompts("magpie", "train", large, 2)
+        routerkit_prompts.prompts("magpie", large, 2)
 
 
 def test_distillation_moves_the_slice_toward_the_teacher(

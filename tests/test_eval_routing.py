@@ -15,6 +15,7 @@ from trd.routers.prompts import TRAIN_CHAT_PROMPTS, prompts
 
 import eval_routing
 from benchkit.chat_prompts import CHAT_PROMPTS
+from routerkit.judging import judging_prompts
 from routerkit.report import at_share, table
 from routerkit.sweep import Point, refinements
 
@@ -66,10 +67,10 @@ def test_the_written_set_judges_only_heads_not_trained_on_it(
 ) -> None:
     """96 prompts: the bench's 32 and the 64 chat training prompts, refused for heads
     trained on those and for training."""
-    ps = prompts("written", "eval", tiny_models["small"], 1000)
+    ps = judging_prompts("written", tiny_models["small"], 1000)
     assert len(ps) == len({tuple(p) for p in ps}) == len(CHAT_PROMPTS) + len(TRAIN_CHAT_PROMPTS)
     with pytest.raises(ValueError, match="judge heads"):
-        prompts("written", "train", tiny_models["small"], 4)
+        prompts("written", tiny_models["small"], 4)
     pair = ["--small", str(tiny_models["small"]), "--large", str(tiny_models["large"])]
     argv = [*pair, "--heads", str(tmp_path), "--out", "x", "--prompts", "written"]
     (tmp_path / "training.json").write_text(json.dumps({"prompt_source": "magpie"}))

@@ -1,5 +1,6 @@
-"""scripts/train_router.py on the fixture pair, small: heads that load, for this pair only,
-with the threshold R2R's rule chose; and that rule itself on known scores."""
+"""`tokenrouterd train-router` (trd/routers/train.py) on the fixture pair, small: heads
+that load, for this pair only, with the threshold R2R's rule chose; that rule itself on
+known scores; and the command's --help."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trd import daemon
 from trd.config import ConfigError, from_dict
 from trd.policies.base import PolicyContext
 from trd.policies.factory import make_policy
@@ -26,6 +28,18 @@ def test_recall_rule_picks_the_highest_threshold_keeping_95_percent() -> None:
     assert s == pytest.approx(0.1)  # the 19th highest positive score
     assert recall == pytest.approx(0.95)
     assert share == pytest.approx(20 / 101)  # 19 positives and the negative at 0.5
+
+
+def test_train_router_is_a_tokenrouterd_command_whose_help_says_what_it_needs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """From the installed package's entry point: the pair, the prompts, the output, the time."""
+    with pytest.raises(SystemExit) as exit_:
+        daemon.main(["train-router", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for what in ("--small", "--large", "--pair", "--prompts", "--out", "How long", "minutes"):
+        assert what in text, what
 
 
 def test_prompt_source_and_count_defaults(tiny_models: dict[str, Path]) -> None:
@@ -49,7 +63,7 @@ PROMPTS, TOKENS = 64, 24
 @pytest.fixture(scope="module")
 def trained(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("routers")
-    train_router.main([
+    train_router.train([
         "--small", str(tiny_models["small"]), "--large", str(tiny_models["large"]),
         "--prompts", "corpus", "--num-prompts", str(PROMPTS), "--max-tokens", str(TOKENS),
         "--continuations", "96", "--epochs", "8", "--threads", "1", "--out", str(out),

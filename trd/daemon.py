@@ -60,7 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         epilog="tokenrouterd import-gguf --help: import a GGUF file as a checkpoint; "
         "tokenrouterd engine --help: run one model of a config on this host (remote: in "
-        "the daemon's config)",
+        "the daemon's config); tokenrouterd train-router --help: train router heads for "
+        "a pair",
     )
     p.add_argument("--config", type=Path, help="YAML config file")
     p.add_argument("--demo", nargs="?", const="smollm2", choices=["smollm2", "tiny"],
@@ -102,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         from trd.models.gguf import main as import_gguf_main
 
         return import_gguf_main(argv[1:])
+    if argv[:1] == ["train-router"]:  # a one-off command, not the daemon
+        from trd.routers.train import main as train_router_main
+
+        return train_router_main(argv[1:])
     if argv[:1] == ["engine"]:  # a remote engine's host, not the daemon
         from trd.remote.host import main as engine_host_main
 

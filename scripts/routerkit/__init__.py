@@ -1,1 +1,2 @@
-"""Building blocks of `scripts/train_router.py` and `scripts/eval_routing.py`."""
+"""Building blocks of `scripts/eval_routing.py`: sweeps, judging prompts, reports (router
+training itself is `trd/routers/`, `tokenrouterd train-router`)."""

@@ -10,7 +10,7 @@ last (large) model, which makes that one token and hands the request back:
 f: the logits' features (top log-probabilities, two entropies: heads.logit_features),
 read when the head's top_k > 0, as trained heads do.
 
-The head is our format (trd/policies/heads.py), trained by scripts/train_router.py for
+The head is our format (trd/policies/heads.py), trained by `tokenrouterd train-router` for
 one pair; r2r also reads the routers R2R publishes (trd/policies/r2r_file.py). Without
 `threshold` in the config, the one stored in the head file is used.
 """

@@ -108,5 +108,5 @@ def check_head_pair(path: Path, small_dir: Path, large_dir: Path) -> None:
             f"policy.head: {str(path)!r}: trained for the pair {trained.names or '?'} "
             f"(pair {trained.pair[:12]}), not this config's {ours.names} (pair "
             f"{ours.pair[:12]}): {which} differ(s) in config.json or tokenizer.json; "
-            "train a head for this pair (scripts/train_router.py)"
+            "train a head for this pair (tokenrouterd train-router)"
         )

@@ -1,21 +1,20 @@
-"""Prompts for training routers and for judging them, kept apart.
+"""Prompts for training routers (`tokenrouterd train-router --prompts`).
 
-chat    training: TRAIN_CHAT_PROMPTS below (written here, nothing downloaded);
-        judging: the bench kit's CHAT_PROMPTS (scripts/benchkit/chat_prompts.py), which
-        share no message with these. Both go through the small model's chat template.
-magpie  training: questions the large model writes itself (`trd.demo.teacher`, seeds
-        no other build uses), as many as asked for: heads trained on 64 written prompts
-        lost to the entropy rule, on 512 of these they beat it (docs/quality.md). For
-        ChatML models (the demo pair); judging: CHAT_PROMPTS, as chat.
-written judging only: CHAT_PROMPTS and TRAIN_CHAT_PROMPTS, 96 prompts, for heads that
-        were not trained on the latter (magpie or corpus heads; eval_routing checks).
+chat    64 written prompts (TRAIN_CHAT_PROMPTS below; nothing downloaded), through the
+        small model's chat template.
+magpie  questions the large model writes itself (`trd.demo.teacher`, seeds no other build
+        uses), as many as asked for: heads trained on 64 written prompts lost to the
+        entropy rule, on 512 of these they beat it (docs/quality.md). For ChatML models.
 corpus  the fixture pair (trained on plain text): prompts cut from held-out fixture
-        documents, the first half of the documents for training, the second for judging.
+        documents, the first half of the documents for training (the second half judges,
+        scripts/routerkit/judging.py, with the bench's chat prompts, which share no
+        message with these).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -25,9 +24,6 @@ from trd.demo import teacher
 from trd.frontend.tokens import PromptEncoder
 from trd.tinymodels.corpus import corpus
 
-from benchkit.chat_prompts import CHAT_PROMPTS
-
-Source = Literal["chat", "magpie", "written", "corpus"]
 Split = Literal["train", "eval"]
 # teacher.converse_parallel's seeds are seed * 1_000_003 + i: the partner's build uses
 # seed 0, demo_quality's held-out chats 7_777_777 + i; these questions use neither.
@@ -105,14 +101,32 @@ TRAIN_CHAT_PROMPTS = (
 
 
 def prompts(
-    source: Source, split: Split, small_dir: Path, count: int, large_dir: Path | None = None
+    source: str, small_dir: Path, count: int, large_dir: Path | None = None
 ) -> list[list[int]]:
-    """Up to `count` prompts as token ids, of this source and split (magpie's training
-    questions are written by the model in large_dir)."""
-    if source != "corpus":
-        encoder = PromptEncoder(small_dir)
-        texts = _chat_texts(source, split, count, large_dir)
-        return [encoder.chat([{"role": "user", "content": t}]) for t in texts[:count]]
+    """Up to `count` training prompts as token ids, of this source (magpie's questions are
+    written by the model in large_dir)."""
+    if source == "corpus":
+        return corpus_prompts(small_dir, "train", count)
+    if source == "chat":
+        return chat_prompts(small_dir, TRAIN_CHAT_PROMPTS, count)
+    if source != "magpie":
+        raise ValueError(f"{source} prompts judge heads; train on chat, magpie or corpus")
+    if large_dir is None:
+        raise ValueError("magpie prompts need the large model that writes them")
+    asked = math.ceil(count * MAGPIE_SPARE)
+    texts = teacher.questions(large_dir, asked, seed=MAGPIE_SEED, workers=MAGPIE_WORKERS)
+    return chat_prompts(small_dir, texts, count)
+
+
+def chat_prompts(small_dir: Path, texts: Sequence[str], count: int) -> list[list[int]]:
+    """The first `count` user messages, each alone in a chat, as the small model's prompt."""
+    encoder = PromptEncoder(small_dir)
+    return [encoder.chat([{"role": "user", "content": t}]) for t in texts[:count]]
+
+
+def corpus_prompts(small_dir: Path, split: Split, count: int) -> list[list[int]]:
+    """Up to `count` 24-token prompts cut from held-out fixture documents: the first half of
+    them for training, the second for judging."""
     tok = Tokenizer.from_file(str(small_dir / "tokenizer.json"))
     docs = corpus("heldout")
     half = docs[: len(docs) // 2] if split == "train" else docs[len(docs) // 2 :]
@@ -125,19 +139,3 @@ def prompts(
             if len(out) == count:
                 return out
     return out
-
-
-def _chat_texts(
-    source: Source, split: Split, count: int, large_dir: Path | None
-) -> tuple[str, ...] | list[str]:
-    """The user messages of a chat-template source (chat, magpie, written)."""
-    if split == "eval":
-        return CHAT_PROMPTS + TRAIN_CHAT_PROMPTS if source == "written" else CHAT_PROMPTS
-    if source == "written":
-        raise ValueError("the written prompts judge heads; train on chat or magpie")
-    if source == "chat":
-        return TRAIN_CHAT_PROMPTS
-    if large_dir is None:
-        raise ValueError("magpie prompts need the large model that writes them")
-    asked = math.ceil(count * MAGPIE_SPARE)
-    return teacher.questions(large_dir, asked, seed=MAGPIE_SEED, workers=MAGPIE_WORKERS)
