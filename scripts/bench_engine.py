@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
-from trd.tinymodels.build import ensure_models
+from trd.testing.tinymodels.build import ensure_models
 
 PROMPT_LEN, NEW_TOKENS, CONCURRENT = 32, 128, 16
 

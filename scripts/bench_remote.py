@@ -36,7 +36,7 @@ from bench_routing import make_jobs
 from trd.config import load_config
 from trd.supervisor.deployment import plan_deployment
 from trd.supervisor.group import EngineGroup, run_closed_loop
-from trd.tinymodels.build import ensure_models
+from trd.testing.tinymodels.build import ensure_models
 
 from benchkit.netns import NetNs, why_not
 

@@ -31,12 +31,12 @@ from tokenizers import Tokenizer
 from trd.engines.spec import BatchingSettings, EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.reference import ReferenceRouter
 from trd.supervisor.generation import Generation
 from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.testing.reference import ReferenceRouter
+from trd.testing.tinymodels.build import ensure_models
+from trd.testing.tinymodels.corpus import corpus
 from trd.thresholds.live import recommend_live
-from trd.tinymodels.build import ensure_models
-from trd.tinymodels.corpus import corpus
 
 Job = tuple[list[int], SamplingParams]
 CALIBRATION_STEPS, CALIBRATION_SLACK = 7, 0.03

@@ -56,7 +56,7 @@ export GPU_CHECK_WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
 # The fixtures travel in .gpu/cache; elsewhere they come from (or are built into) the cache.
 if [ -d .gpu/cache ]; then export TRD_CACHE_DIR="$repo/.gpu/cache"; fi
 export GPU_CHECK_FIXTURES=${GPU_CHECK_FIXTURES:-$("$python" -c \
-    'from trd.tinymodels.cache import cache_root; print(cache_root())')}
+    'from trd.testing.tinymodels.cache import cache_root; print(cache_root())')}
 # flashinfer's kernel cache (compiled on first use; minutes, once per machine).
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/gpu_check_flashinfer}
 exec "$python" -m gpucheck.main "$out"

@@ -16,7 +16,7 @@ mkdir -p "$dest/whl" "$dest/cache"
     flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 \
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
 root=$(PYTHONPATH="$repo" "$python" -c \
-    'from trd.tinymodels.build import ensure_models; from trd.tinymodels.cache import cache_root
+    'from trd.testing.tinymodels.build import ensure_models; from trd.testing.tinymodels.cache import cache_root
 ensure_models(); print(cache_root())')
 rm -rf "$dest/cache/$(basename "$root")"
 cp -r "$root" "$dest/cache/"

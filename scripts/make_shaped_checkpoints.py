@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trd.tinymodels.cache import ensure_tokenizer
-from trd.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE, save_tokenizer
+from trd.testing.tinymodels.cache import ensure_tokenizer
+from trd.testing.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE, save_tokenizer
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import argparse
 import time
 from pathlib import Path
 
-from trd.tinymodels.build import SPECS, build_all
-from trd.tinymodels.tokenizer import save_tokenizer, train_tokenizer
+from trd.testing.tinymodels.build import SPECS, build_all
+from trd.testing.tinymodels.tokenizer import save_tokenizer, train_tokenizer
 
 
 def parse_args() -> argparse.Namespace:

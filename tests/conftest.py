@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from trd.tinymodels.build import ensure_models
+from trd.testing.tinymodels.build import ensure_models
 
 if TYPE_CHECKING:
     from trd.frontend.tokens import PromptEncoder

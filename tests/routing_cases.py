@@ -12,8 +12,8 @@ from tokenizers import Tokenizer
 from trd.engines.spec import EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.reference import ReferenceRouter, Trace
-from trd.tinymodels.corpus import corpus
+from trd.testing.reference import ReferenceRouter, Trace
+from trd.testing.tinymodels.corpus import corpus
 
 MODEL_SETS = {2: ("small", "large"), 3: ("small", "mid", "large")}
 # GlimpRouter on the fixtures: their top-20 entropies lie near ln 20, steps end by length

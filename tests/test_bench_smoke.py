@@ -29,7 +29,7 @@ from bench_report import render
 
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.reference import ReferenceRouter
+from trd.testing.reference import ReferenceRouter
 
 from benchkit.identity import digest_ids, digest_output, identity
 from benchkit.pairs import load_pair

@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 from trd.cli import request
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.reference import ReferenceRouter
+from trd.testing.reference import ReferenceRouter
 
 from daemon_fixture import SCHEDULE, Daemon, launch_daemon, shm_segments, start_daemon, write_config
 

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trd import version
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.reference import ReferenceRouter
+from trd.testing.reference import ReferenceRouter
 
 from daemon_fixture import SCHEDULE, Daemon, launch_daemon, wait_serving, write_config
 

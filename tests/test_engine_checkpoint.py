@@ -11,7 +11,7 @@ import pytest
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.models.checkpoint import CheckpointError
-from trd.tinymodels.build import save_random_checkpoint
+from trd.testing.tinymodels.build import save_random_checkpoint
 
 
 def load(path: Path, dtype: str = "float32") -> Engine:

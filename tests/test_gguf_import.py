@@ -27,7 +27,7 @@ from trd.models.checkpoint import read_checkpoint
 from trd.models.gguf import import_gguf
 from trd.models.gguf_meta import GGUFImportError, GGUFMeta
 from trd.models.gguf_tokenizer import build_tokenizer
-from trd.tinymodels.build import save_random_checkpoint
+from trd.testing.tinymodels.build import save_random_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [

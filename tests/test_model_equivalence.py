@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trd.engines.spec import EngineSpec
-from trd.tinymodels.build import save_random_checkpoint
+from trd.testing.tinymodels.build import save_random_checkpoint
 
 from hf_compare import DECODE_STEPS, engine_runs, load_hf
 

@@ -18,8 +18,8 @@ import torch
 
 from trd.models.checkpoint import read_checkpoint
 from trd.protocol import SamplingParams
-from trd.tinymodels.build import save_random_checkpoint
-from trd.tinymodels.tokenizer import VOCAB_SIZE
+from trd.testing.tinymodels.build import save_random_checkpoint
+from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 
 from hf_compare import engine_runs, hf_logits, max_diff
 

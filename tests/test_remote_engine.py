@@ -38,10 +38,10 @@ from trd.config import load_config
 from trd.ipc.handshake import Hello, Refused, connect
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.reference import ReferenceRouter
 from trd.remote.spec import RemoteSpec
 from trd.supervisor.deployment import plan_deployment
 from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.testing.reference import ReferenceRouter
 
 from benchkit.netns import NetNs, why_not
 from daemon_fixture import REPO_ROOT, Daemon, free_port, launch_daemon, shm_segments, wait_serving

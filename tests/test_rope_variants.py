@@ -20,7 +20,7 @@ import torch
 from trd.engines.rope import dynamic_inv_frequencies, inv_frequencies
 from trd.models.checkpoint import CheckpointError, read_checkpoint
 from trd.models.rope import RopeConfig, read_rope
-from trd.tinymodels.build import save_random_checkpoint
+from trd.testing.tinymodels.build import save_random_checkpoint
 
 from hf_compare import engine_runs, max_diff
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from trd.protocol import FinishReason, SamplingParams
-from trd.tinymodels.tokenizer import VOCAB_SIZE
+from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 
 from inprocess_wiring import Wiring, assert_matches, run_all
 from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference

@@ -15,7 +15,7 @@ from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.models.checkpoint import ModelConfig, read_checkpoint
 from trd.protocol import SamplingParams
-from trd.tinymodels.tokenizer import VOCAB_SIZE
+from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 
 
 def test_shapes_are_qwen3_0_6b_and_8b() -> None:

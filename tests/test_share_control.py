@@ -21,7 +21,7 @@ import pytest
 from trd.cli import format_status
 from trd.policies.params import THRESHOLDS, PolicyError, parse_policy
 from trd.supervisor.share import ShareControl
-from trd.tinymodels.corpus import corpus
+from trd.testing.tinymodels.corpus import corpus
 
 from daemon_fixture import start_daemon, write_config
 

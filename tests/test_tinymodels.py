@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from trd.tinymodels import train as tr
-from trd.tinymodels.build import build_one, save_random_checkpoint
-from trd.tinymodels.cache import BUILD_VERSION, cache_root, ensure_tokenizer
-from trd.tinymodels.corpus import corpus
+from trd.testing.tinymodels import train as tr
+from trd.testing.tinymodels.build import build_one, save_random_checkpoint
+from trd.testing.tinymodels.cache import BUILD_VERSION, cache_root, ensure_tokenizer
+from trd.testing.tinymodels.corpus import corpus
 
 # Windows after the ones the build itself reported on, so this is a fresh sample.
 HELDOUT_WINDOWS = slice(tr.EVAL_WINDOWS, 2 * tr.EVAL_WINDOWS)

@@ -25,7 +25,7 @@ from typing import Literal
 from tokenizers import Tokenizer
 
 from trd.frontend.tokens import PromptEncoder
-from trd.tinymodels.corpus import corpus
+from trd.testing.tinymodels.corpus import corpus
 
 from benchkit.chat_prompts import CHAT_PROMPTS
 

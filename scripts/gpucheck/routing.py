@@ -22,7 +22,7 @@ from trd.ipc.names import FRONTEND
 from trd.policies.params import PolicySpec
 from trd.protocol import Done, Emit, Message, SamplingParams, Submit, decode, encode
 from trd.supervisor.generation import Generation
-from trd.tinymodels.tokenizer import VOCAB_SIZE
+from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 
 SCHEDULE = [1, 0, 0, 1, 1, 0]
 POLICY = PolicySpec("scripted", {"schedule": SCHEDULE})

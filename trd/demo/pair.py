@@ -31,7 +31,7 @@ class DemoPair:
 def ensure_demo_pair(name: str = "smollm2", cache_dir: Path | None = None) -> DemoPair:
     """The pair's folders, imported / built into the cache once (minutes) if missing."""
     if name == "tiny":
-        from trd.tinymodels.build import ensure_models
+        from trd.testing.tinymodels.build import ensure_models
 
         models = ensure_models(cache_dir, names=("small", "large"))
     elif name == "smollm2":

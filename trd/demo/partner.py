@@ -31,8 +31,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from trd.demo import distil, teacher
 from trd.models.checkpoint import read_checkpoint
-from trd.tinymodels.build import torch_threads
-from trd.tinymodels.cache import cache_base, is_complete, locked, publish
+from trd.testing.tinymodels.build import torch_threads
+from trd.testing.tinymodels.cache import cache_base, is_complete, locked, publish
 
 # Bump whenever the recipe below changes, so that stale partners are rebuilt.
 PARTNER_VERSION = 2

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from trd.demo import teacher
 from trd.frontend.tokens import PromptEncoder
-from trd.tinymodels.corpus import corpus
+from trd.testing.tinymodels.corpus import corpus
 
 Split = Literal["train", "eval"]
 # teacher.converse_parallel's seeds are seed * 1_000_003 + i: the partner's build uses

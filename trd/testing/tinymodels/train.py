@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 from torch import nn
 from tqdm import tqdm
 
-from trd.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE
+from trd.testing.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE
 
 SEQ_LEN = 128
 # Held-out statistics come from this many non-overlapping windows at the start of the split.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from trd.tinymodels.tokenizer import save_tokenizer, train_tokenizer
+from trd.testing.tinymodels.tokenizer import save_tokenizer, train_tokenizer
 
 # Bump whenever corpus, tokenizer, specs or training change, so that stale
 # fixtures are rebuilt rather than reused.

@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from trd.tinymodels.corpus import corpus
+from trd.testing.tinymodels.corpus import corpus
 
 VOCAB_SIZE = 2048
 EOS = "<|endoftext|>"

@@ -36,8 +36,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from trd.tinymodels import train as tr
-from trd.tinymodels.cache import (
+from trd.testing.tinymodels import train as tr
+from trd.testing.tinymodels.cache import (
     MODEL_FILES,
     cache_root,
     ensure_tokenizer,
@@ -46,8 +46,8 @@ from trd.tinymodels.cache import (
     publish,
     tokenizer_in,
 )
-from trd.tinymodels.corpus import corpus
-from trd.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE, save_tokenizer, train_tokenizer
+from trd.testing.tinymodels.corpus import corpus
+from trd.testing.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE, save_tokenizer, train_tokenizer
 
 # One thread: on a shared two-core machine two OpenMP threads spin against
 # other processes and train up to ten times slower; one thread also makes the
