@@ -19,8 +19,8 @@ from trd.policies.heads import save_head
 from trd.policies.pair import PairIdentity
 from trd.policies.params import PolicyError, PolicySpec
 from trd.supervisor.group import EngineGroup, EngineStartError
+from trd.testing.wiring import Wiring, assert_matches, run_all
 
-from inprocess_wiring import Wiring, assert_matches, run_all
 from r2r_reference import HIDDEN, TOP, VOCAB, HiddenStatesTokenLMHeadLogitsClassifier, build
 from routing_cases import jobs, reference, specs
 

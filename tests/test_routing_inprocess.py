@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM
 
 from trd.protocol import FinishReason, SamplingParams
 from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
+from trd.testing.wiring import Wiring, assert_matches, run_all
 
-from inprocess_wiring import Wiring, assert_matches, run_all
 from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference
 
 CASES = [
