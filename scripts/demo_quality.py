@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gpucheck.routing import Pair
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -40,6 +39,7 @@ from trd.frontend.tokens import PromptEncoder
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.supervisor.generation import Generation
+from trd.testing.wiring import Wiring
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -93,7 +93,7 @@ def alone(path: Path, prompts: list[list[int]]) -> list[list[int]]:
 
 def routed(paths: Sequence[Path], tau: float, prompts: list[list[int]]) -> list[Generation]:
     """R-Stitch over the two engines; each answer's tokens and the model of each."""
-    pair = Pair(paths, PolicySpec("rstitch", {"threshold": tau}), dtype="float32",
+    pair = Wiring.of(paths, PolicySpec("rstitch", {"threshold": tau}), dtype="float32",
                 kv_tokens=KV_TOKENS)  # fmt: skip
     return pair.run([(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts])
 

@@ -14,6 +14,7 @@ from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter, Trace
 from trd.testing.tinymodels.corpus import corpus
+from trd.testing.wiring import Wiring
 
 MODEL_SETS = {2: ("small", "large"), 3: ("small", "mid", "large")}
 # GlimpRouter on the fixtures: their top-20 entropies lie near ln 20, steps end by length
@@ -74,6 +75,14 @@ def specs(
         )
         for i, p in enumerate(paths)
     ]
+
+
+def wired(
+    paths: list[Path], policy: str, params: dict[str, Any], seed: int, max_model_len: int = 0
+) -> Wiring:
+    """Engines of `specs` wired in one process, interleavings and duplicates by `seed`."""
+    settings = {"kv_tokens": 8192, "max_batch_tokens": 256, "max_model_len": max_model_len}
+    return Wiring(specs(paths, policy, params, **settings), seed)
 
 
 _TRACES: dict[str, list[Trace]] = {}

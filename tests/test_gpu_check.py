@@ -14,12 +14,13 @@ import gpucheck.attention
 import pytest
 import torch
 from gpucheck.attention import CASES, HEADS, check_all
-from gpucheck.routing import POLICY, SCHEDULE, Pair, expected_tokens, jobs
+from gpucheck.routing import POLICY, SCHEDULE, expected_tokens, jobs
 from gpucheck.summary import summary
 from make_shaped_checkpoints import Shape, write_checkpoint
 
 from trd.engines.attention.torch_paged import TorchPagedAttention
 from trd.engines.graphs import StepGraphs
+from trd.testing.wiring import Wiring
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,9 +65,9 @@ def mini_pair(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_routed_pair_writes_the_designed_tokens(mini_pair: list[Path], padded: bool) -> None:
-    pair = Pair(mini_pair, POLICY, kv_tokens=8192, max_batch_size=16)
+    pair = Wiring.of(mini_pair, POLICY, kv_tokens=8192, max_batch_size=16)
     if padded:  # the CUDA-graph path without the capture
-        for node in pair.nodes:
+        for node in pair.engines:
             runner = node.engine.runner
             runner.graphs = StepGraphs(runner, node.engine.spec.settings, capture=False)
     gens = pair.run(jobs())
@@ -76,6 +77,6 @@ def test_the_routed_pair_writes_the_designed_tokens(mini_pair: list[Path], padde
     assert all(g.models[0] == 1 for g in gens)
     assert {g.models[-1] for g in gens} == {0, 1}
     if padded:
-        for n in pair.nodes:
+        for n in pair.engines:
             graphs = n.engine.runner.graphs
             assert graphs is not None and graphs.used.total() > 5

@@ -19,10 +19,10 @@ from trd.policies.heads import save_head
 from trd.policies.pair import PairIdentity
 from trd.policies.params import PolicyError, PolicySpec
 from trd.supervisor.group import EngineGroup, EngineStartError
-from trd.testing.wiring import Wiring, assert_matches, run_all
+from trd.testing.wiring import assert_matches
 
 from r2r_reference import HIDDEN, TOP, VOCAB, HiddenStatesTokenLMHeadLogitsClassifier, build
-from routing_cases import jobs, reference, specs
+from routing_cases import jobs, reference, specs, wired
 
 
 def r2r_policy(
@@ -69,8 +69,8 @@ def test_published_router_runs_in_the_engines_like_the_reference(
     work = jobs(paths[0])[2:8]
     expected = reference(paths, "r2r", params, work)
     assert {m for t in expected for m in t.models} == {0, 1}
-    wiring = Wiring(paths, "r2r", params, seed=7)
-    run_all(wiring, work)
+    wiring = wired(paths, "r2r", params, seed=7)
+    wiring.run(work)
     assert_matches(wiring, expected)
 
 

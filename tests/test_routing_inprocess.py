@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM
 
 from trd.protocol import FinishReason, SamplingParams
 from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
-from trd.testing.wiring import Wiring, assert_matches, run_all
+from trd.testing.wiring import assert_matches
 
-from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference
+from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference, wired
 
 CASES = [
     ("rstitch", {"threshold": 0.78}, 2),
@@ -44,8 +44,8 @@ def test_interleavings_match_the_reference(
     paths = [tiny_models[n] for n in MODEL_SETS[n_models]]
     work = jobs(paths[0])[2:10]  # the short ones: interleavings matter here, not length
     expected = reference(paths, policy, params, work)
-    wiring = Wiring(paths, policy, params, seed=n_models)
-    run_all(wiring, work)
+    wiring = wired(paths, policy, params, seed=n_models)
+    wiring.run(work)
     assert_matches(wiring, expected)
     assert wiring.injected > 0
     assert sum(g.duplicates for g in wiring.tracked.values()) > 0  # Emits came twice, ignored
@@ -56,7 +56,7 @@ def test_an_engine_expects_a_return_while_its_request_is_away(
 ) -> None:
     """What lets an idle engine poll instead of sleep: a request of its own at a peer."""
     paths = [tiny_models["small"], tiny_models["large"]]
-    wiring = Wiring(paths, "scripted", {"schedule": [1, 0]}, seed=0)
+    wiring = wired(paths, "scripted", {"schedule": [1, 0]}, seed=0)
     small, large = wiring.engines
     prompt, sp = jobs(paths[0])[2]
     wiring.submit(0, prompt, sp)
@@ -80,7 +80,7 @@ def test_a_request_that_fills_the_context_survives_a_handoff(tiny_models: dict[s
     # The peer counted the committed output as prompt, so prompt + max_tokens == context
     # (the chat default: max_tokens = what the context leaves) failed at the first handoff.
     paths = [tiny_models["small"], tiny_models["large"]]
-    wiring = Wiring(paths, "scripted", {"schedule": [0, 0, 1]}, seed=0, max_model_len=32)
+    wiring = wired(paths, "scripted", {"schedule": [0, 0, 1]}, seed=0, max_model_len=32)
     wiring.submit(0, list(range(5, 13)), SamplingParams(max_tokens=24, ignore_eos=True))
     for _ in range(20000):
         if wiring.tracked[0].complete:
@@ -127,8 +127,8 @@ def test_padded_vocabularies_route_exactly_and_never_emit_padding(
         raw = ref(torch.tensor([work[0][0]])).logits[0]
     assert raw.shape[1] == VOCAB_SIZE + PAD_ROWS and (raw.argmax(-1) >= VOCAB_SIZE).any()
     expected = reference(paths, policy, params, work)
-    wiring = Wiring(paths, policy, params, seed=5)
-    run_all(wiring, work)
+    wiring = wired(paths, policy, params, seed=5)
+    wiring.run(work)
     assert_matches(wiring, expected)
     outputs = [t for g in wiring.tracked.values() for t in g.tokens]
     assert outputs and max(outputs) < VOCAB_SIZE

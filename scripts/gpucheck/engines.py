@@ -22,12 +22,13 @@ from typing import Any
 import torch
 
 from gpucheck.common import SHAPED, dump, log
-from gpucheck.routing import POLICY, SCHEDULE, Pair, expected_tokens, jobs
+from gpucheck.routing import POLICY, SCHEDULE, expected_tokens, jobs
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.memplan.plan import CUDA_CONTEXT_BYTES, reserve_bytes
 from trd.protocol import FinishReason, SamplingParams
 from trd.supervisor.deployment import graph_reserve
+from trd.testing.wiring import Wiring
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SPEC = {"dtype": "bfloat16", "device": "cuda", "kv_tokens": 65536, "max_batch_tokens": 2048}
@@ -42,9 +43,9 @@ def refuses_float32(path: Path) -> dict[str, Any]:
     return {"ok": False, "message": "a float32 engine on CUDA was accepted"}
 
 
-def routed(paths: list[Path], graphs: bool) -> tuple[Pair, list[list[int]], float]:
+def routed(paths: list[Path], graphs: bool) -> tuple[Wiring, list[list[int]], float]:
     start = time.perf_counter()
-    pair = Pair(paths, POLICY, cuda_graphs=graphs, **SPEC)
+    pair = Wiring.of(paths, POLICY, cuda_graphs=graphs, **SPEC)
     built = time.perf_counter() - start
     gens = pair.run(jobs())
     bad = [g.error for g in gens if g.finish is FinishReason.ERROR]
@@ -83,10 +84,10 @@ def latency(engine: Engine, graphs: bool) -> dict[str, float]:
     return out
 
 
-def memory(pair: Pair) -> dict[str, Any]:
+def memory(pair: Wiring) -> dict[str, Any]:
     """Graph pools against the plan's graph reserve; memory outside torch's allocator."""
     rows = []
-    for node in pair.nodes:
+    for node in pair.engines:
         runner, spec = node.engine.runner, node.engine.spec
         cfg, settings = spec.checkpoint.config, spec.settings
         page = cfg.kv_bytes_per_token(spec.dtype) * settings.page_size
@@ -140,7 +141,7 @@ def main() -> None:
                 entry[f"build_s_graphs_{graphs}"] = round(built, 1)
                 if name == "shaped":
                     entry[f"step_ms_graphs_{graphs}"] = {
-                        node.engine.spec.name: latency(node.engine, graphs) for node in pair.nodes
+                        node.engine.spec.name: latency(node.engine, graphs) for node in pair.engines
                     }
                     if graphs:
                         entry["memory"] = memory(pair)
