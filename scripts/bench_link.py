@@ -24,10 +24,10 @@ from pathlib import Path
 import uvloop
 from bench_ring import _STAMP, pct, ponger, recv
 
-from trd.ipc.bridge import Bridge, Edge
 from trd.ipc.mesh import Mesh
 from trd.ipc.names import instance_prefix
 from trd.ipc.ring import Ring
+from trd.remote.bridge import Bridge, Edge
 
 from benchkit.netns import NetNs, why_not
 

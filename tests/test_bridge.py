@@ -17,15 +17,15 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from trd.ipc import bridge as bridge_mod
-from trd.ipc import envelope
-from trd.ipc.bridge import Bridge, Edge
 from trd.ipc.counters import Counters
-from trd.ipc.envelope import Envelope, Kind
 from trd.ipc.mesh import Mesh
 from trd.ipc.names import FRONTEND, instance_prefix
 from trd.ipc.ring import Ring
 from trd.protocol import PeerKind, PeerReq, decode, encode
+from trd.remote import bridge as bridge_mod
+from trd.remote import envelope
+from trd.remote.bridge import Bridge, Edge
+from trd.remote.envelope import Envelope, Kind
 
 REMOTE = 1
 

@@ -12,19 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trd.ipc import envelope
-from trd.ipc.envelope import Envelope, EnvelopeError, Kind
-from trd.ipc.handshake import (
-    HELLO_LIMIT,
-    LINK_VERSION,
-    HandshakeError,
-    Hello,
-    Refused,
-    connect,
-    serve,
-)
 from trd.ipc.names import FRONTEND
-from trd.ipc.tcp import read_frame, write_frame
 from trd.protocol import (
     VERSION,
     Abort,
@@ -35,6 +23,18 @@ from trd.protocol import (
     encode,
     restamp,
 )
+from trd.remote import envelope
+from trd.remote.envelope import Envelope, EnvelopeError, Kind
+from trd.remote.handshake import (
+    HELLO_LIMIT,
+    LINK_VERSION,
+    HandshakeError,
+    Hello,
+    Refused,
+    connect,
+    serve,
+)
+from trd.remote.tcp import read_frame, write_frame
 
 TOKEN = "shared-secret-0123456789"
 CARD = {"name": "large", "index": 1, "pid": 42}

@@ -35,9 +35,9 @@ from transformers import AutoTokenizer
 
 from trd.cli import format_status
 from trd.config import load_config
-from trd.ipc.handshake import Hello, Refused, connect
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
+from trd.remote.handshake import Hello, Refused, connect
 from trd.remote.spec import RemoteSpec
 from trd.supervisor.deployment import plan_deployment
 from trd.supervisor.group import EngineGroup, run_closed_loop

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from trd.ipc.tcp import MAX_FRAME, read_frame, write_frame
 from trd.protocol import (
     Abort,
     Emit,
@@ -22,6 +21,7 @@ from trd.protocol import (
     decode,
     encode,
 )
+from trd.remote.tcp import MAX_FRAME, read_frame, write_frame
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Client = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[object]]

@@ -36,16 +36,16 @@ import uvloop
 from trd.config import Address, Config, ConfigError, load_config, parse_address
 from trd.engines.boot import engine_process
 from trd.engines.spec import EngineSpec
-from trd.ipc import handshake
-from trd.ipc.bridge import Bridge
 from trd.ipc.counters import Counters
-from trd.ipc.handshake import HANDSHAKE_S
 from trd.ipc.mesh import Mesh
 from trd.ipc.names import FRONTEND, cleanup_stale, instance_prefix
 from trd.logs import setup_logging
 from trd.memplan.plan import PlanError
 from trd.protocol import Control, ProtocolError, Ready, decode, encode
+from trd.remote import handshake
+from trd.remote.bridge import Bridge
 from trd.remote.card import model_card
+from trd.remote.handshake import HANDSHAKE_S
 from trd.supervisor.deployment import plan_deployment
 
 log = logging.getLogger("trd.engine_host")

@@ -25,17 +25,17 @@ import sys
 import uvloop
 
 from trd.engines.boot import die_with_parent
-from trd.ipc import envelope, handshake
-from trd.ipc.bridge import Bridge
 from trd.ipc.counters import Counters
-from trd.ipc.envelope import Envelope, Kind
-from trd.ipc.handshake import HANDSHAKE_S, HandshakeError, Refused
 from trd.ipc.mesh import Endpoint
 from trd.ipc.names import FRONTEND
-from trd.ipc.tcp import write_frame
 from trd.protocol import Control, Ready, encode
+from trd.remote import envelope, handshake
+from trd.remote.bridge import Bridge
 from trd.remote.card import CardError, check_card
+from trd.remote.envelope import Envelope, Kind
+from trd.remote.handshake import HANDSHAKE_S, HandshakeError, Refused
 from trd.remote.spec import RemoteSpec
+from trd.remote.tcp import write_frame
 
 log = logging.getLogger("trd.link")
 

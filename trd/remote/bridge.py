@@ -30,13 +30,13 @@ import logging
 import time
 from collections.abc import Iterable
 
-from trd.ipc import envelope
 from trd.ipc.counters import Counters
-from trd.ipc.envelope import Envelope, EnvelopeError, Kind
 from trd.ipc.eventfd import EventFd
 from trd.ipc.ring import Ring, RingClosed
-from trd.ipc.tcp import MAX_FRAME, read_frame
 from trd.protocol import ProtocolError, restamp
+from trd.remote import envelope
+from trd.remote.envelope import Envelope, EnvelopeError, Kind
+from trd.remote.tcp import MAX_FRAME, read_frame
 
 log = logging.getLogger("trd.bridge")
 

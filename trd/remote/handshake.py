@@ -44,9 +44,9 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from trd.ipc.tcp import MAX_FRAME, read_frame, write_frame
 from trd.protocol import VERSION as CODEC_VERSION
 from trd.protocol import ProtocolError
+from trd.remote.tcp import MAX_FRAME, read_frame, write_frame
 
 LINK_VERSION = 1
 MAGIC = b"TRDL"
