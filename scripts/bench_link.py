@@ -4,7 +4,7 @@
     python scripts/bench_link.py [pings]          (root: it makes a network namespace)
 
 Ping-pong as in bench_ring.py (the same pinger and ponger), once over two rings and once
-with the ponger in a network namespace behind two bridges (trd/ipc/bridge.py on uvloop,
+with the ponger in a network namespace behind two bridges (trd/remote/bridge.py on uvloop,
 one per side, in processes of their own like the daemon's link and the engine host).
 Both ends share this machine's CLOCK_MONOTONIC, so one-way times are exact; frames carry
 raw stamps that the bridges pass through untouched.

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["engine"]:  # a remote engine's host, not the daemon
         from trd.remote.host import main as engine_host_main
 
-        return engine_host_main(argv[1:])
+        return engine_host_main(argv[1:], plan_deployment)
     args = parse_args(argv)
     # Until the event loop takes them over, SIGTERM/SIGINT end a start cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,3 +1,4 @@
-"""Inter-process transport: shared-memory rings with eventfd wake-ups, and TCP framing."""
+"""Inter-process transport on one host: shared-memory rings with eventfd wake-ups (the
+transport between hosts is trd/remote/)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Rings need no addressing: a ring is one edge. A link multiplexes every edge that touches
 the remote engine onto one stream, so each frame names its edge:
 
-    | u32 length (trd/ipc/tcp.py) | kind u8 | src u8 | dst u8 | body ... |
+    | u32 length (trd/remote/tcp.py) | kind u8 | src u8 | dst u8 | body ... |
 
     kind 1 FRAME     body = one ring frame (a trd.protocol frame), from node src to dst
     kind 2 PING      body = f64, the sender's clock; the peer answers with a PONG

@@ -17,7 +17,7 @@ connection and a client proof cannot be replayed as a server proof.
 
     transcript = the client's HELLO frame | the server's HELLO frame
 
-Frames use trd/ipc/tcp.py's length prefix; before the proofs a frame is at most
+Frames use trd/remote/tcp.py's length prefix; before the proofs a frame is at most
 HELLO_LIMIT bytes. HELLO and REFUSE keep this layout in every version, so two peers of
 different versions can still tell each other why they part:
 

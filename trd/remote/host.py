@@ -3,9 +3,11 @@
     tokenrouterd engine --config CONFIG --model large --listen 0.0.0.0:7070
 
     config (the daemon's own file; only --model's checkpoint is read)
-      -> this host's memory plan (trd/supervisor/deployment.py, the same code, one model)
+      -> this host's memory plan (the daemon's own planner, trd/supervisor/deployment.py,
+         one model; handed in by the command line, trd/daemon.py, so that this package
+         stays below the supervisor that links to it)
       -> the engine process, with the rings of the edges that touch it -> READY
-      -> listen: every connection must pass the handshake (trd/ipc/handshake.py) within
+      -> listen: every connection must pass the handshake (trd/remote/handshake.py) within
          a few seconds, or it is logged and closed; the newest daemon to pass gets the link
       -> a bridge moves frames between the rings and the link until it ends
       -> the engine drops every request (they died with the link) and waits for the next
@@ -27,9 +29,10 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import uvloop
 
@@ -40,13 +43,13 @@ from trd.ipc.counters import Counters
 from trd.ipc.mesh import Mesh
 from trd.ipc.names import FRONTEND, cleanup_stale, instance_prefix
 from trd.logs import setup_logging
-from trd.memplan.plan import PlanError
+from trd.memplan.plan import MemoryPlan, PlanError
 from trd.protocol import Control, ProtocolError, Ready, decode, encode
 from trd.remote import handshake
 from trd.remote.bridge import Bridge
 from trd.remote.card import model_card
 from trd.remote.handshake import HANDSHAKE_S
-from trd.supervisor.deployment import plan_deployment
+from trd.remote.spec import RemoteSpec
 
 log = logging.getLogger("trd.engine_host")
 
@@ -72,7 +75,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str]) -> int:
+class Planned(Protocol):
+    """What this host needs of a deployment (`trd.supervisor.deployment.Deployment`)."""
+
+    @property
+    def specs(self) -> tuple[EngineSpec | RemoteSpec, ...]: ...
+
+    @property
+    def plan(self) -> MemoryPlan: ...
+
+
+def main(argv: list[str], plan_deployment: Callable[[Config], Planned]) -> int:
     args = parse_args(argv)
     try:
         listen = parse_address("--listen", args.listen, allow_unix=False)
