@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -66,6 +67,11 @@ class Daemon:
     config: dict[str, Any]
     log_path: Path
     config_path: Path
+    cafile: Path | None = None  # with ssl_certfile: the CA the test clients trust
+
+    @property
+    def scheme(self) -> str:
+        return "https" if "ssl_certfile" in self.config else "http"
 
     @property
     def port(self) -> int:
@@ -73,7 +79,7 @@ class Daemon:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def admin(self) -> str:
@@ -99,7 +105,8 @@ class Daemon:
 
     def get(self, path: str) -> tuple[int, Any]:
         try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as resp:
+            tls = None if self.cafile is None else ssl.create_default_context(cafile=self.cafile)
+            with urllib.request.urlopen(self.url + path, timeout=10, context=tls) as resp:
                 body = resp.read()
                 status = resp.status
         except urllib.error.HTTPError as exc:
@@ -138,12 +145,14 @@ class Daemon:
             raise AssertionError(f"daemon ignored SIGTERM for {timeout} s:\n{self.log()}") from None
 
 
-def launch_daemon(config_path: Path, env: dict[str, str] | None = None) -> Daemon:
-    """Start the daemon process without waiting for it to serve."""
+def launch_daemon(
+    config_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> Daemon:
+    """Start the daemon process (`args`: more flags) without waiting for it to serve."""
     log_path = config_path.parent / "daemon.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trd.daemon", "--config", str(config_path)],
+            [sys.executable, "-m", "trd.daemon", "--config", str(config_path), *args],
             stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
             env={**os.environ, **(env or {})},
         )  # fmt: skip

@@ -20,6 +20,7 @@ import yaml
 from trd.config import ConfigError, from_dict
 from trd.daemon import EXIT_CONFIG, Daemon
 from trd.daemon import main as daemon_main
+from trd.frontend.auth import Access
 from trd.models.checkpoint import CheckpointError, read_checkpoint
 from trd.models.tokenizers import TokenizerFile, first_difference, read_tokenizer
 from trd.supervisor.deployment import plan_deployment
@@ -116,7 +117,7 @@ def test_padded_embeddings_share_the_tokenizer(
     assert [c.config.vocab_size for c in ckpts] == [2112, 2048]
     assert [c.vocab_limit for c in ckpts] == [2048, 2048]
     # The front end's token-id checks use the tokenizer's ids, not the entry's rows.
-    assert Daemon(cfg, plan_deployment(cfg), None)._served().vocab_size == 2048
+    assert Daemon(cfg, plan_deployment(cfg), None, Access.of(cfg, {}))._served().vocab_size == 2048
 
 
 def test_vocab_limit_counts_added_tokens_and_must_fit_the_embeddings(

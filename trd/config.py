@@ -2,6 +2,9 @@
 
     listen: 127.0.0.1:8000          admin: 127.0.0.1:8001 | unix:/run/tokenrouterd/admin.sock
     admin_token: "" | a secret trctl must send
+    api_key_file: a file of API keys, one a line (also $TRD_API_KEY, $VLLM_API_KEY)
+    api_key_metrics: false (true: /metrics wants a key too)    trd/frontend/auth.py
+    ssl_certfile, ssl_keyfile: PEM files: the OpenAI endpoint speaks HTTPS
     device: auto | cpu | cuda | cuda:N            mps: auto | required | off
     memory: {budget_gib: auto | GiB, fraction: 0.9, max_kv_tokens: auto | N}
     max_model_len: N (default: the smallest context of the models)
@@ -122,6 +125,10 @@ class Config:
     admin: Address = Address("127.0.0.1", 8001)
     admin_token: str = ""  # non-empty: the admin API wants `Authorization: Bearer <token>`
     remote_token: str = ""  # shared with every remote engine; proven, never sent
+    api_key_file: Path | None = None  # read at start (trd/frontend/auth.py), never kept here
+    api_key_metrics: bool = False
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
     device: str = "auto"
     mps: MpsMode = "auto"
     memory: MemoryConfig = MemoryConfig()
@@ -208,6 +215,10 @@ def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
         admin=_admin(top.get("admin", "127.0.0.1:8001")),
         admin_token=_token("admin_token", top.get("admin_token", "")),
         remote_token=_remote_token(top, models, serve),
+        api_key_file=_file(top, "api_key_file", base_dir),
+        api_key_metrics=top.boolean("api_key_metrics", False),
+        ssl_certfile=_file(top, "ssl_certfile", base_dir),
+        ssl_keyfile=_file(top, "ssl_keyfile", base_dir),
         device=_device(top.get("device", "auto")),
         mps=_mps(top.get("mps", "auto")),
         memory=_memory(Section("memory", top.get("memory", {}))),
@@ -308,6 +319,12 @@ def _token(key: str, value: Any) -> str:
     if not isinstance(value, str) or (value and (len(value) < 16 or not value.isprintable())):
         fail(key, "<hidden>", "expected a printable string of at least 16 characters")
     return value
+
+
+def _file(top: Section, key: str, base_dir: Path) -> Path | None:
+    """An optional file's path, taken from the config's folder; read where it is used."""
+    value = top.get(key, None)
+    return None if value is None else base_dir / Path(top.string(key)).expanduser()
 
 
 def _remote_token(top: Section, models: tuple[ModelEntry, ...], serve: str | None) -> str:

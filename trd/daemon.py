@@ -24,9 +24,11 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import uvloop
@@ -36,6 +38,7 @@ from trd import version
 from trd.config import Address, Config, ConfigError, load_config
 from trd.frontend.admin import AdminApi, MpsState
 from trd.frontend.app import OpenAIApi, Served
+from trd.frontend.auth import Access
 from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
 from trd.logs import StderrTap, setup_logging
@@ -72,6 +75,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
                    "by moving R-Stitch's threshold (default: fixed, ~25%%)")  # fmt: skip
+    p.add_argument("--api-key-file", type=Path, metavar="FILE",
+                   help="API keys, one a line, that the OpenAI endpoint wants as "
+                   "'Authorization: Bearer KEY' (the config's api_key_file; $TRD_API_KEY "
+                   "adds keys)")  # fmt: skip
+    p.add_argument(
+        "--ssl-certfile",
+        type=Path,
+        metavar="PEM",
+        help="serve HTTPS with this certificate (the config's ssl_certfile)",
+    )
+    p.add_argument("--ssl-keyfile", type=Path, metavar="PEM",
+                   help="and this private key (the config's ssl_keyfile)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
@@ -87,10 +102,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _config(args: argparse.Namespace) -> Config:
     if args.demo is None:
-        return load_config(args.config)
-    from trd.demo.pair import ensure_demo_pair  # imports / builds the pair once, cached
+        cfg = load_config(args.config)
+    else:
+        from trd.demo.pair import ensure_demo_pair  # imports / builds the pair once, cached
 
-    return Config.demo(ensure_demo_pair(args.demo), args.port, args.large_share)
+        cfg = Config.demo(ensure_demo_pair(args.demo), args.port, args.large_share)
+    flags = {"api_key_file": args.api_key_file, "ssl_certfile": args.ssl_certfile,
+             "ssl_keyfile": args.ssl_keyfile}  # fmt: skip
+    return replace(cfg, **{k: v for k, v in flags.items() if v is not None})
 
 
 def _exit_now(signum: int, frame: object) -> None:
@@ -121,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(args.log_level, tap.stream())
     try:
         cfg = _config(args)
+        access = Access.of(cfg)  # before the engines: a bad key or TLS file stops us now
         deployment = plan_deployment(cfg)
     except (ConfigError, PlanError, MpsError, ValueError) as exc:
         print(f"tokenrouterd: {exc}", file=sys.stderr)
@@ -129,24 +149,31 @@ def main(argv: list[str] | None = None) -> int:
         mps = "on" if deployment.use_mps else f"off ({deployment.mps_reason})"
         print(f"config OK: {len(cfg.models)} models on {deployment.device}, policy "
               f"{cfg.policy.name}, max_model_len {cfg.max_model_len}, MPS {mps}")  # fmt: skip
+        print(access.describe())
+        if warning := access.exposure(cfg.listen):
+            print(f"warning: {warning}")
         print(deployment.plan.to_table())
         for m in cfg.models:
             if m.remote is not None:
                 print(f"model {m.name!r} runs at {m.remote}: its host plans its own memory; "
                       "its tokenizer and context are checked when the daemon connects")  # fmt: skip
         return 0
-    return uvloop.run(Daemon(cfg, deployment, tap).run())
+    return uvloop.run(Daemon(cfg, deployment, tap, access).run())
 
 
 class Daemon:
-    def __init__(self, cfg: Config, deployment: Deployment, tap: StderrTap | None) -> None:
-        self.cfg, self.deployment, self.tap = cfg, deployment, tap
+    def __init__(
+        self, cfg: Config, deployment: Deployment, tap: StderrTap | None, access: Access
+    ) -> None:
+        self.cfg, self.deployment, self.tap, self.access = cfg, deployment, tap, access
         self.notifier = Notifier()
         self.stop = asyncio.Event()
         self.runners: list[web.AppRunner] = []
         self.mps_state = MpsState("off", deployment.mps_reason)
 
     async def run(self) -> int:
+        if warning := self.access.exposure(self.cfg.listen):
+            log.warning("%s", warning)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
@@ -205,14 +232,16 @@ class Daemon:
         metrics = Metrics(keeper.engine_stats, hub.gens.values, served.model_id, keeper.specs)
         admin = AdminApi(keeper, hub, self.deployment.plan, self.mps_state)
         try:
-            await self._open(OpenAIApi(served, hub, metrics).app(), self.cfg.listen)
+            api = OpenAIApi(served, hub, metrics).app()
+            self.access.guard(api)
+            await self._open(api, self.cfg.listen, self.access.ssl)
             await self._open(admin.app(), self.cfg.admin)
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             return EXIT_FAILED
         self.notifier.ready(f"serving {served.model_id} on {self.cfg.listen}")
-        log.info("serving %s on http://%s, admin on %s", served.model_id, self.cfg.listen,
-                 self.cfg.admin)  # fmt: skip
+        log.info("serving %s on %s://%s, admin on %s", served.model_id, self.access.scheme,
+                 self.cfg.listen, self.cfg.admin)  # fmt: skip
         watchdog = asyncio.get_running_loop().create_task(self._watchdog())
         fatal = asyncio.get_running_loop().create_task(keeper.fatal.wait())
         await asyncio.wait([fatal, asyncio.ensure_future(self.stop.wait())],
@@ -233,7 +262,9 @@ class Daemon:
             created=int(time.time()),
         )
 
-    async def _open(self, app: web.Application, addr: Address) -> None:
+    async def _open(
+        self, app: web.Application, addr: Address, tls: ssl.SSLContext | None = None
+    ) -> None:
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=HANDLER_SHUTDOWN_S
         )
@@ -252,7 +283,7 @@ class Daemon:
                 os.umask(old)
             return
         else:
-            site = web.TCPSite(runner, addr.host, addr.port)
+            site = web.TCPSite(runner, addr.host, addr.port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
