@@ -38,7 +38,7 @@ from trd import version
 from trd.config import Address, Config, ConfigError, load_config
 from trd.frontend.admin import AdminApi, MpsState
 from trd.frontend.app import OpenAIApi, Served
-from trd.frontend.auth import Access
+from trd.frontend.auth import KEY_ENVS, Access
 from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
 from trd.logs import StderrTap, setup_logging
@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _config(args)
         access = Access.of(cfg)  # before the engines: a bad key or TLS file stops us now
+        for name in KEY_ENVS:  # read: the engine processes need not inherit them
+            os.environ.pop(name, None)
         deployment = plan_deployment(cfg)
     except (ConfigError, PlanError, MpsError, ValueError) as exc:
         print(f"tokenrouterd: {exc}", file=sys.stderr)

@@ -34,7 +34,7 @@ from aiohttp.typedefs import Handler
 from trd.config import Address, Config
 from trd.config_reader import fail
 from trd.frontend.openai_api import ApiError
-from trd.frontend.refusals import RefusalLog
+from trd.frontend.refusals import RefusalLog, quiet_unparsable
 from trd.frontend.tls import server_context
 
 KEY_ENVS = ("TRD_API_KEY", "VLLM_API_KEY")
@@ -122,12 +122,13 @@ def bearer(request: web.Request) -> tuple[bytes | None, str]:
     return token.encode(), "wrong key"
 
 
-def protect(app: web.Application, keys: ApiKeys, metrics_need_key: bool) -> None:
+def protect(
+    app: web.Application, keys: ApiKeys, metrics_need_key: bool, refusals: RefusalLog
+) -> None:
     """Refuse every request to `app` without one of `keys`, but on the open paths.
 
     A route is open by the resource it resolved to, not by the path as sent."""
     open_paths = set(PROBES) | (set() if metrics_need_key else {"/metrics"})
-    refusals = RefusalLog()
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -136,7 +137,7 @@ def protect(app: web.Application, keys: ApiKeys, metrics_need_key: bool) -> None
             return await handler(request)
         token, why = bearer(request)
         if token is None or not keys.accepts(token):
-            refusals.refused(request.remote or "unix", why, request.method, request.path)
+            refusals.refused(request.remote or "unix", why, f"{request.method} {request.path}")
             err = ApiError(401, "Incorrect or missing API key: send Authorization: Bearer "
                            "<key>", code="invalid_api_key")  # fmt: skip
             err.headers["WWW-Authenticate"] = 'Bearer realm="tokenrouterd"'
@@ -183,5 +184,7 @@ class Access:
                 "reaches it may generate (set $TRD_API_KEY or api_key_file)")  # fmt: skip
 
     def guard(self, app: web.Application) -> None:
+        refusals = RefusalLog()
+        quiet_unparsable(refusals)
         if self.keys:
-            protect(app, self.keys, self.metrics_need_key)
+            protect(app, self.keys, self.metrics_need_key, refusals)

@@ -7,6 +7,10 @@ MAX_CLIENTS were each logged less than EVERY_S ago, refusals of further clients 
 counted together and logged as one line per interval, so neither memory nor the log
 grows with the number of addresses an attacker uses.
 
+aiohttp logs a request it cannot parse at ERROR, with a traceback that quotes the raw
+bytes: a key sent with a stray byte would reach the log. `quiet_unparsable` turns those
+records into refusals of the same log, without the bytes.
+
     WARNING trd.auth refused client=10.0.0.7 reason="wrong key" request="POST /v1/chat/..."
             refused_since_last_line=412
 """
@@ -17,6 +21,8 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+
+from aiohttp.http_exceptions import HttpProcessingError
 
 from trd.logs import kv
 
@@ -39,7 +45,7 @@ class RefusalLog:
         self.clients: OrderedDict[str, tuple[float, int]] = OrderedDict()
         self.others: tuple[float, int] = (-float("inf"), 0)
 
-    def refused(self, client: str, reason: str, method: str, path: str) -> None:
+    def refused(self, client: str, reason: str, request: str) -> None:
         now = self.clock()
         self._forget(now)
         if client not in self.clients and len(self.clients) >= self.max_clients:
@@ -48,7 +54,7 @@ class RefusalLog:
                 self.others = (logged, count + 1)
                 return
             self.others = (now, 0)
-            self._log(OTHERS, reason, method, path, count)
+            self._log(OTHERS, reason, request, count)
             return
         logged, count = self.clients.get(client, (-float("inf"), 0))
         if now - logged < self.every_s:
@@ -56,7 +62,7 @@ class RefusalLog:
             return
         self.clients[client] = (now, 0)
         self.clients.move_to_end(client)
-        self._log(client, reason, method, path, count)
+        self._log(client, reason, request, count)
 
     def _forget(self, now: float) -> None:
         """Drop clients whose line is older than the interval (their next one logs anyway),
@@ -69,8 +75,27 @@ class RefusalLog:
             if count:
                 log.warning("refused %s", kv(client=client, refused_since_last_line=count))
 
-    def _log(self, client: str, reason: str, method: str, path: str, before: int) -> None:
-        # The path is the client's text: kv quotes it; long ones are cut.
-        log.warning("refused %s", kv(client=client, reason=reason,
-                                     request=f"{method} {path[:100]}",
+    def _log(self, client: str, reason: str, request: str, before: int) -> None:
+        # The request line is the client's text: kv quotes it; a long one is cut.
+        log.warning("refused %s", kv(client=client, reason=reason, request=request[:100],
                                      refused_since_last_line=before))  # fmt: skip
+
+
+class _Unparsable(logging.Filter):
+    def __init__(self, refusals: RefusalLog) -> None:
+        super().__init__()
+        self.refusals = refusals
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        # "Error handling request from %s": the client's address is the one argument.
+        client = str(record.args[0]) if isinstance(record.args, tuple) and record.args else "?"
+        self.refusals.refused(client, f"unparsable HTTP ({type(exc).__name__})", "-")
+        return False
+
+
+def quiet_unparsable(refusals: RefusalLog) -> None:
+    """Log aiohttp's unparsable requests as refusals, never with their bytes."""
+    logging.getLogger("aiohttp.server").addFilter(_Unparsable(refusals))
