@@ -100,6 +100,9 @@ BAD = [  # (key to set, value, expected start of the message)
     ("mps", "maybe", "mps: 'maybe'"),
     ("mps", True, "mps: True: expected auto, required or off"),  # YAML's `on`: ambiguous
     ("admin_token", "short", "admin_token: '<hidden>': expected a printable string"),
+    ("api_key_file", "", "api_key_file: '': expected a non-empty string"),
+    ("api_key_metrics", "yes", "api_key_metrics: 'yes': expected true or false"),
+    ("ssl_certfile", 443, "ssl_certfile: 443: expected a non-empty string"),
     ("stall_timeout_s", 0, "stall_timeout_s: 0: must be >= 1"),
     ("memory.fraction", 1.5, "memory.fraction: 1.5: must be <= 1"),
     ("memory.budget_gib", -1, "memory.budget_gib: -1"),

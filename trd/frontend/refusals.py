@@ -47,33 +47,37 @@ class RefusalLog:
 
     def refused(self, client: str, reason: str, request: str) -> None:
         now = self.clock()
-        self._forget(now)
-        if client not in self.clients and len(self.clients) >= self.max_clients:
-            logged, count = self.others
-            if now - logged < self.every_s:
-                self.others = (logged, count + 1)
-                return
-            self.others = (now, 0)
-            self._log(OTHERS, reason, request, count)
-            return
         logged, count = self.clients.get(client, (-float("inf"), 0))
         if now - logged < self.every_s:
             self.clients[client] = (logged, count + 1)
             return
-        self.clients[client] = (now, 0)
-        self.clients.move_to_end(client)
-        self._log(client, reason, request, count)
+        self.clients.pop(client, None)  # this line carries its count
+        self._forget(now)
+        if len(self.clients) < self.max_clients:
+            self.clients[client] = (now, 0)
+            self._log(client, reason, request, count)
+            return
+        logged, count = self.others
+        if now - logged < self.every_s:
+            self.others = (logged, count + 1)
+            return
+        self.others = (now, 0)
+        self._log(OTHERS, reason, request, count)
 
     def _forget(self, now: float) -> None:
-        """Drop clients whose line is older than the interval (their next one logs anyway),
-        logging what they were refused since."""
+        """Drop the clients (oldest line first) whose line is older than the interval:
+        their next refusal logs anyway. What they were refused since is logged now."""
         while self.clients:
             client, (logged, count) = next(iter(self.clients.items()))
             if now - logged < self.every_s:
-                return
+                break
             del self.clients[client]
             if count:
                 log.warning("refused %s", kv(client=client, refused_since_last_line=count))
+        logged, count = self.others
+        if count and now - logged >= self.every_s:
+            self.others = (logged, 0)
+            log.warning("refused %s", kv(client=OTHERS, refused_since_last_line=count))
 
     def _log(self, client: str, reason: str, request: str, before: int) -> None:
         # The request line is the client's text: kv quotes it; a long one is cut.
