@@ -29,6 +29,7 @@ import yaml
 from trd.config import Config, from_dict
 from trd.daemon import HANDLER_SHUTDOWN_S
 from trd.frontend.app import OpenAIApi, Served
+from trd.frontend.auth import KEY_ENVS, PROBES
 from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
 from trd.mps.manager import QUIT_TIMEOUT_S, MpsManager
@@ -179,7 +180,8 @@ def container() -> dict[str, Any]:
 
 
 def env() -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container().get("env", [])}
+    """The container's literal environment (not the variables taken from a Secret)."""
+    return {e["name"]: e["value"] for e in container().get("env", []) if "value" in e}
 
 
 def http_port() -> int:
@@ -304,3 +306,17 @@ def test_pod_keeps_host_namespaces_and_privileges_out() -> None:
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert sc["allowPrivilegeEscalation"] is False and not sc.get("privileged")
     assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add")
+
+
+def test_the_api_keys_come_from_a_secret_the_manifests_do_not_hold(config: Config) -> None:
+    (entry,) = [e for e in container()["env"] if e["name"] in KEY_ENVS]
+    ref = entry["valueFrom"]["secretKeyRef"]
+    assert "value" not in entry and not ref.get("optional"), "no key: the pod must not start"
+    assert "Secret" not in [d["kind"] for d in map(load, resources())]
+    command = f"kubectl create secret generic {ref['name']} --from-file={ref['key']}="
+    assert command in (DEPLOY / "deployment.yaml").read_text()
+    assert config.api_key_file is None  # the Secret is the one source
+    # The kubelet's probes and the endpoint picker send no key.
+    probes = {container()[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe")}
+    assert probes <= set(PROBES)
+    assert not config.api_key_metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from trd.daemon import EXIT_CONFIG
 
 SYSTEMD = Path(__file__).resolve().parent.parent / "systemd"
 UNIT = SYSTEMD / "tokenrouterd.service"
+EXAMPLE = SYSTEMD / "config.example.yaml"
 # What an engine group's close() may take after the drain (SIGTERM, then SIGKILL).
 ENGINE_STOP_S = 5
 
@@ -49,7 +51,7 @@ def test_unit_is_notify_type_and_outlasts_the_drain() -> None:
     assert s["RestartPreventExitStatus"] == [str(EXIT_CONFIG)]
     assert s["KillMode"] == ["mixed"]  # SIGTERM to the supervisor, which stops its engines
     assert s["ExecStart"][0].endswith("--config /etc/tokenrouter/config.yaml")
-    grace = yaml.safe_load((SYSTEMD / "config.example.yaml").read_text())["shutdown"]["grace_s"]
+    grace = yaml.safe_load(EXAMPLE.read_text())["shutdown"]["grace_s"]
     assert int(s["TimeoutStopSec"][0]) >= grace + ENGINE_STOP_S
 
 
@@ -66,3 +68,14 @@ def test_flashinfer_compiles_into_the_units_cache_directory() -> None:
     s = unit_settings()
     env = dict(e.split("=", 1) for e in s["Environment"])
     assert env["FLASHINFER_WORKSPACE_BASE"] == f"/var/cache/{s['CacheDirectory'][0]}"
+
+
+def test_api_keys_come_from_a_credential_or_an_optional_environment_file() -> None:
+    """Never from the unit's text; the credential's path is the one the example config names."""
+    s = unit_settings()
+    assert s["EnvironmentFile"] == ["-/etc/tokenrouter/env"]  # "-": none is fine
+    assert not any(e.startswith(("TRD_API_KEY", "VLLM_API_KEY")) for e in s["Environment"])
+    credential = re.search(r"^#\s+LoadCredential=(\S+):(\S+)$", UNIT.read_text(), re.M)
+    assert credential, "the unit documents LoadCredential"
+    example = yaml.safe_load(re.sub(r"^# (api_key_file:)", r"\1", EXAMPLE.read_text(), flags=re.M))
+    assert example["api_key_file"] == f"/run/credentials/{UNIT.name}/{credential[1]}"
