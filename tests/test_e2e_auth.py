@@ -2,9 +2,9 @@
 
 One daemon for the module: two keys from `--api-key-file` (a file with CRLF line ends and
 blank lines), one from $TRD_API_KEY, HTTPS with a certificate from a CA made here. The
-clients trust that CA only (httpx as the openai client's http_client). What an attacker
-would try is sent as raw headers: wrong keys, near misses, header tricks; none may pass,
-none may reach the log, and the refusals must not flood it.
+clients trust that CA only (the openai client through its httpx `http_client`). What an
+attacker would try is sent as raw headers: wrong keys, near misses, header tricks; none
+may pass, none may reach the log, and the refusals must not flood it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -61,13 +61,13 @@ def trust(d: Daemon) -> ssl.SSLContext:
 
 
 def client(d: Daemon, key: str) -> openai.OpenAI:
-    http = httpx.Client(verify=trust(d), timeout=60)
+    http = openai.DefaultHttpxClient(verify=trust(d), timeout=60)
     return openai.OpenAI(base_url=f"{d.url}/v1", api_key=key, max_retries=0, http_client=http)
 
 
 def send(d: Daemon, path: str, headers: list[tuple[bytes, bytes]], method: str = "GET",
-         body: object = None) -> httpx.Response:  # fmt: skip
-    with httpx.Client(verify=trust(d), timeout=60) as c:
+         body: object = None) -> httpx2.Response:  # fmt: skip
+    with httpx2.Client(verify=trust(d), timeout=60) as c:
         return c.request(method, d.url + path, headers=headers, json=body)
 
 
