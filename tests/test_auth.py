@@ -8,6 +8,7 @@ refusals under a fake clock, and each TLS file mistake named at start.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -16,13 +17,16 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 from cryptography.hazmat.primitives import serialization
 
 from trd.config_reader import ConfigError
 from trd.daemon import EXIT_CONFIG
 from trd.daemon import main as daemon_main
 from trd.frontend import auth
-from trd.frontend.auth import ApiKeys, load_keys
+from trd.frontend.app import openai_errors
+from trd.frontend.auth import ApiKeys, load_keys, protect
 from trd.frontend.refusals import OTHERS, RefusalLog
 from trd.frontend.tls import server_context
 
@@ -89,6 +93,35 @@ def test_every_key_is_compared_whichever_matches(monkeypatch: pytest.MonkeyPatch
         compared.clear()
         keys.accepts(sent)
         assert compared == [(32, 32)] * 5
+
+
+async def empty(request: web.Request) -> web.Response:
+    return web.json_response({})
+
+
+async def statuses(metrics_need_key: bool, key: str) -> dict[str, int]:
+    """GET each path of an app guarded by `protect`, on a real aiohttp server."""
+    app = web.Application(middlewares=[openai_errors])
+    for path in ["/health", "/metrics", "/v1/models"]:
+        app.router.add_get(path, empty)
+    protect(app, ApiKeys(KEYS[:1]), metrics_need_key, RefusalLog())
+    async with TestClient(TestServer(app)) as client:
+        out = {}
+        for path in ["/health", "/metrics", "/v1/models", "/nowhere"]:
+            resp = await client.get(path, headers={"Authorization": f"Bearer {key}"})
+            out[path] = resp.status
+        return out
+
+
+def test_api_key_metrics_closes_metrics_and_nothing_else() -> None:
+    wrong = "wrong-key-0123456789"
+    assert asyncio.run(statuses(False, wrong)) == {
+        "/health": 200, "/metrics": 200, "/v1/models": 401, "/nowhere": 401
+    }  # fmt: skip
+    assert asyncio.run(statuses(True, wrong))["/metrics"] == 401
+    assert asyncio.run(statuses(True, KEYS[0])) == {
+        "/health": 200, "/metrics": 200, "/v1/models": 200, "/nowhere": 404
+    }  # fmt: skip
 
 
 class Clock:
