@@ -173,6 +173,14 @@ def test_trctl_reaches_the_admin_socket(daemon: Daemon, capsys: pytest.CaptureFi
     assert "serving" in capsys.readouterr().out
 
 
+def test_engine_processes_do_not_inherit_the_key_variables(daemon: Daemon) -> None:
+    pids = [e["pid"] for e in daemon.status()["engines"]]
+    assert len(pids) == len(NAMES)
+    for pid in pids:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not [v for v in environ if v.startswith((b"TRD_API_KEY=", b"VLLM_API_KEY="))]
+
+
 def refusal_lines(d: Daemon) -> list[str]:
     return [line for line in d.log().splitlines() if "trd.auth refused" in line]
 
