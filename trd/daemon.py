@@ -79,14 +79,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="API keys, one a line, that the OpenAI endpoint wants as "
                    "'Authorization: Bearer KEY' (the config's api_key_file; $TRD_API_KEY "
                    "adds keys)")  # fmt: skip
-    p.add_argument(
-        "--ssl-certfile",
-        type=Path,
-        metavar="PEM",
-        help="serve HTTPS with this certificate (the config's ssl_certfile)",
-    )
+    p.add_argument("--ssl-certfile", type=Path, metavar="PEM",
+                   help="serve HTTPS with this certificate (config: ssl_certfile)")  # fmt: skip
     p.add_argument("--ssl-keyfile", type=Path, metavar="PEM",
-                   help="and this private key (the config's ssl_keyfile)")  # fmt: skip
+                   help="and this private key (config: ssl_keyfile)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
