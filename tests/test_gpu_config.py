@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 import yaml
+from make_shaped_checkpoints import Shape, write_checkpoint
 
 from trd import devices
 from trd.config import ConfigError, from_dict
+from trd.daemon import main as daemon_main
 from trd.devices import GpuInfo
+from trd.engines.attention import support
 from trd.engines.spec import EngineSpec
 from trd.memplan.plan import GIB, MIB
 from trd.supervisor.deployment import plan_deployment
@@ -95,16 +98,57 @@ def test_engines_get_the_gpu_by_uuid_as_cuda_0(raw: dict[str, Any], gpu: GpuInfo
         assert spec.env == {} and spec.device == "cpu"
 
 
-def test_the_plan_reserves_the_graph_pool(raw: dict[str, Any], gpu: GpuInfo) -> None:
+@pytest.fixture(scope="module")
+def head64(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two tiny Qwen3 checkpoints with head_dim 64, the smallest flashinfer runs."""
+    root = tmp_path_factory.mktemp("head64")
+    return [write_checkpoint(Shape(f"h64-{t}", 128, 256, 2, 2, 1, tied=t, head_dim=64,
+                                   vocab=4096), root) for t in (True, False)]  # fmt: skip
+
+
+def test_the_plan_reserves_the_graph_pool(
+    raw: dict[str, Any], gpu: GpuInfo, head64: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Graphs on: each model's reserve grows by its largest graph's pool (64 x 8 + 1
     tokens, 64 rows), its output buffers, the scratch page and 64 MiB of slack."""
-    on = plan_deployment(from_dict({**raw, "device": "cuda:1"}, Path("/"))).plan.models
+    monkeypatch.setattr(support, "flashinfer_installed", lambda: True)
+    for entry, path in zip(raw["models"], head64, strict=True):
+        entry |= {"path": str(path), "dtype": "bfloat16"}
+    on_cfg = from_dict({**raw, "device": "cuda:1"}, Path("/"))
+    on = plan_deployment(on_cfg).plan.models
     off_cfg = {**raw, "device": "cuda:1", "engine": {"cuda_graphs": False}}
     off = plan_deployment(from_dict(off_cfg, Path("/"))).plan.models
-    large = yaml.safe_load((Path(raw["models"][1]["path"]) / "config.json").read_text())
+    large = yaml.safe_load((head64[1] / "config.json").read_text())
     h, inter, vocab = large["hidden_size"], large["intermediate_size"], large["vocab_size"]
-    kv_page = 16 * large["num_hidden_layers"] * large["num_key_value_heads"] * 32 * 2 * 2
+    kv_page = 16 * large["num_hidden_layers"] * large["num_key_value_heads"] * 64 * 2 * 2
     expect = (513 * (4 * h + 2 * inter) + 64 * vocab) * 4 + 64 * vocab * 4 + kv_page + 64 * MIB
     assert on[1].reserve_bytes - off[1].reserve_bytes == expect
-    # Both carry the CUDA overheads: flashinfer 264 MiB, context 512 MiB, cuBLAS 64 MiB.
-    assert off[1].reserve_bytes > 840 * MIB
+    # Both carry the CUDA overheads: flashinfer 136 MiB (128 + 8: the float workspace's
+    # floor for 2 heads), context 512 MiB, cuBLAS 64 MiB.
+    eager = (1024 * (4 * h + 2 * inter) + 1024 * vocab) * 4  # max_batch_tokens
+    assert off[1].reserve_bytes == eager + (136 + 512 + 64) * MIB
+
+
+def test_models_flashinfer_cannot_run_get_the_torch_backend_and_check_says_so(
+    raw: dict[str, Any], gpu: GpuInfo, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The fixtures' head_dim 32 has no flashinfer kernels: torch attention, so neither
+    flashinfer's workspaces nor CUDA graphs (which need it) are in the plan."""
+    monkeypatch.setattr(support, "flashinfer_installed", lambda: True)
+    for entry in raw["models"]:
+        entry["dtype"] = "bfloat16"
+    launch = plan_deployment(from_dict({**raw, "device": "cuda:1"}, Path("/")))
+    why = "head_dim 32: flashinfer's kernels exist for head_dim 64, 128, 256 only"
+    assert launch.attention == {"small": ("torch", why), "large": ("torch", why)}
+    cfg = yaml.safe_load((Path(raw["models"][1]["path"]) / "config.json").read_text())
+    h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    eager = (1024 * (4 * h + 2 * inter) + 1024 * vocab) * 4  # max_batch_tokens
+    assert launch.plan.models[1].reserve_bytes == eager + (512 + 64) * MIB
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**raw, "device": "cuda:1"}))
+    assert daemon_main(["--check", "--config", str(config)]) == 0
+    assert f"model 'small' attention: torch ({why})" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=rf"model 'small': engine.attention: flashinfer: {why}"):
+        plan_deployment(from_dict({**raw, "device": "cuda:1",
+                                   "engine": {"attention": "flashinfer"}}, Path("/")))  # fmt: skip

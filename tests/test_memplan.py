@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from trd.devices import GpuInfo
+from trd.engines.buckets import graph_shapes
 from trd.memplan import plan as plan_mod
 from trd.memplan.plan import (
     GIB,
@@ -20,6 +21,7 @@ from trd.memplan.plan import (
 from trd.models.checkpoint import ModelConfig
 
 MIB = 1 << 20
+SHAPES = graph_shapes((1, 2, 4, 8, 16, 24, 32, 48, 64), (2, 4, 8))  # the default buckets
 
 # --- (a) fixture-like small models -------------------------------------------
 
@@ -44,15 +46,20 @@ def test_kv_bytes_and_reserve_by_hand() -> None:
     assert SMALL.kv_bytes_per_token("bfloat16") == 1024
     # CPU: 16 tokens x (4*64 + 2*128 + 256) x 4 bytes
     assert reserve_bytes(TINY, "cpu", 16) == 49152
-    # CUDA adds flashinfer's workspaces (256 + 8 MiB), the CUDA context (512 MiB) and
-    # cuBLAS's workspaces (64 MiB): 840 MiB
-    assert reserve_bytes(TINY, "cuda:0", 16) == 49152 + 840 * MIB
+    # CUDA adds flashinfer's workspaces (128 + 8 MiB: the float one's floor, 4 heads need
+    # less), the CUDA context (512 MiB) and cuBLAS's workspaces (64 MiB): 712 MiB; the torch
+    # attention has no workspaces
+    assert reserve_bytes(TINY, "cuda:0", 16) == 49152 + 712 * MIB
+    assert reserve_bytes(TINY, "cuda:0", 16, attention="torch") == 49152 + 576 * MIB
     # CUDA graphs: the pool of the largest graph, (64 x 8 + 1 tokens, 64 logits rows), as
     # an eager step of that size plus 64 float32 logits rows of output buffers, the
     # scratch page and 64 MiB of slack: 513 x (4*64 + 2*128) x 4 + 64 x 256 x 4 x 2 + 4096
-    graphs = reserve_bytes(TINY, "cuda:0", 16, graph=(513, 64), kv_bytes_per_page=4096)
+    graphs = reserve_bytes(TINY, "cuda:0", 16, SHAPES, kv_bytes_per_page=4096)
     assert graphs - reserve_bytes(TINY, "cuda:0", 16) == 1_050_624 + 131_072 + 4096 + 64 * MIB
-    assert reserve_bytes(TINY, "cpu", 16, graph=(513, 64), kv_bytes_per_page=4096) == 49152
+    assert reserve_bytes(TINY, "cpu", 16, SHAPES, kv_bytes_per_page=4096) == 49152
+    # No graphs without flashinfer (they need it).
+    torch_graphs = reserve_bytes(TINY, "cuda:0", 16, SHAPES, 4096, attention="torch")
+    assert torch_graphs == reserve_bytes(TINY, "cuda:0", 16, attention="torch")
 
 
 def _two_small_models() -> list[ModelMem]:
@@ -172,32 +179,35 @@ def test_qwen3_pair_fits_80_gib_at_bf16() -> None:
     small, large = _qwen_models()
     assert (small.weight_bytes, small.kv_bytes_per_token) == (1_192_099_840, 114_688)
     assert (large.weight_bytes, large.kv_bytes_per_token) == (65_524_246_528, 262_144)
-    # R = 2048 tokens x (4h + 2I + vocab) x 4 B + 840 MiB (flashinfer, context, cuBLAS)
-    assert small.reserve_bytes == 2048 * 162_176 * 4 + 840 * MIB == 2_209_349_632
-    assert large.reserve_bytes == 2048 * 223_616 * 4 + 840 * MIB == 2_712_666_112
-    # fixed = W + R of both = 71_638_362_112; room = 80 GiB - fixed = 14_260_983_808
-    # K = 14_260_983_808 // (114_688 + 262_144) = 37_844 -> pages of 16: 37_840 (2365 pages)
+    # R = 2048 tokens x (4h + 2I + vocab) x 4 B + flashinfer's float workspace + 8 MiB
+    # + 512 MiB context + 64 MiB cuBLAS. The eager workspace (no graphs here) for PLAN_SMS
+    # = 192: heads x (2 x 192 / 8 KV heads) x 128 x 129 x 4 B: 0.6B 48 MiB -> the 128 MiB
+    # floor; 32B 193.5 -> 194 MiB.
+    assert small.reserve_bytes == 2048 * 162_176 * 4 + 712 * MIB == 2_075_131_904
+    assert large.reserve_bytes == 2048 * 223_616 * 4 + 778 * MIB == 2_647_654_400
+    # fixed = W + R of both = 71_439_132_672; room = 80 GiB - fixed = 14_460_213_248
+    # K = 14_460_213_248 // (114_688 + 262_144) = 38_373 -> pages of 16: 38_368 (2398 pages)
     plan = plan_memory([small, large], {"cuda:0": 80 * GIB}, page_size=16, min_tokens=32768)
-    assert [(m.kv_tokens, m.pages) for m in plan.models] == [(37_840, 2365), (37_840, 2365)]
-    assert plan.devices[0].used_bytes == 71_638_362_112 + 37_840 * 376_832
+    assert [(m.kv_tokens, m.pages) for m in plan.models] == [(38_368, 2398), (38_368, 2398)]
+    assert plan.devices[0].used_bytes == 71_439_132_672 + 38_368 * 376_832
     assert plan.to_table().splitlines()[1:3] == [
-        "qwen3-0.6b  cuda:0         1.11      114688         2.06      37840   2365    4.04",
-        "qwen3-32b   cuda:0        61.02      262144         2.53      37840   2365    9.24",
+        "qwen3-0.6b  cuda:0         1.11      114688         1.93      38368   2398    4.10",
+        "qwen3-32b   cuda:0        61.02      262144         2.47      38368   2398    9.37",
     ]
 
 
 def test_qwen3_pair_at_full_context_is_refused_with_numbers() -> None:
     # One 40_960-token request per model needs (0.6B) 1_192_099_840 + 40_960*114_688
-    # + 2_209_349_632 = 7.54 GiB and (32B) 65_524_246_528 + 40_960*262_144
-    # + 2_712_666_112 = 73.55 GiB: 81.09 GiB in all, more than a 79.00 budget.
+    # + 2_075_131_904 = 7.42 GiB and (32B) 65_524_246_528 + 40_960*262_144
+    # + 2_647_654_400 = 73.49 GiB: 80.91 GiB in all, more than a 79.00 budget.
     with pytest.raises(PlanError) as info:
         plan_memory(_qwen_models(), {"cuda:0": 79 * GIB}, page_size=16, min_tokens=40960)
     message = str(info.value)
     for needle in (
-        "qwen3-0.6b  cuda:0         1.11      114688         2.06       79.00        7.54",
-        "qwen3-32b   cuda:0        61.02      262144         2.53       79.00       73.55",
-        "cuda:0: needs at least 81.09 GiB for 40960 KV tokens per model, budget is 79.00 GiB",
-        "(room for 34992 KV tokens)",
+        "qwen3-0.6b  cuda:0         1.11      114688         1.93       79.00        7.42",
+        "qwen3-32b   cuda:0        61.02      262144         2.47       79.00       73.49",
+        "cuda:0: needs at least 80.91 GiB for 40960 KV tokens per model, budget is 79.00 GiB",
+        "(room for 35520 KV tokens)",
         "lower max_model_len",
         "memory.budget_gib",
     ):

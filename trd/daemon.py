@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         if warning := access.exposure(cfg.listen):
             print(f"warning: {warning}")
         print(deployment.plan.to_table())
+        for name, (backend, why) in deployment.attention.items():
+            print(f"model {name!r} attention: {backend} ({why})")
         for m in cfg.models:
             if m.remote is not None:
                 print(f"model {m.name!r} runs at {m.remote}: its host plans its own memory; "

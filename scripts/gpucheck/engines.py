@@ -27,7 +27,7 @@ from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.memplan.plan import CUDA_CONTEXT_BYTES, reserve_bytes
 from trd.protocol import FinishReason, SamplingParams
-from trd.supervisor.deployment import graph_reserve
+from trd.supervisor.deployment import engine_graphs
 from trd.testing.wiring import Wiring
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -91,8 +91,8 @@ def memory(pair: Wiring) -> dict[str, Any]:
         runner, spec = node.engine.runner, node.engine.spec
         cfg, settings = spec.checkpoint.config, spec.settings
         page = cfg.kv_bytes_per_token(spec.dtype) * settings.page_size
-        graph = graph_reserve(settings, "cuda:0")
-        planned = reserve_bytes(cfg, "cuda", settings.max_batch_tokens, graph, page)
+        graphs = engine_graphs(settings, "cuda:0", runner.attention)
+        planned = reserve_bytes(cfg, "cuda", settings.max_batch_tokens, graphs, page)
         planned -= reserve_bytes(cfg, "cuda", settings.max_batch_tokens)
         measured = runner.graphs.capture_bytes if runner.graphs else 0
         rows.append({"model": spec.name, "graph_bytes": measured, "planned": planned,

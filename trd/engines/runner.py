@@ -21,6 +21,7 @@ import torch
 
 from trd.engines.attention import BatchLayout, make_backend, resolve_backend
 from trd.engines.attention.base import AttentionBackend
+from trd.engines.buckets import graph_shapes
 from trd.engines.graphs import StepGraphs, device_tensor
 from trd.engines.loader import load_model, torch_dtype
 from trd.engines.packed import onednn_available, pack_linears
@@ -102,8 +103,12 @@ class ModelRunner:
         if settings.cpu_linear == "onednn":
             pack_linears(self.model)
         self.page_size = settings.page_size
-        self.attention = resolve_backend(settings.attention, self.device)
-        self.backend = make_backend(self.attention, self.device, self.cfg, self.dtype)
+        self.attention = resolve_backend(settings.attention, self.device, self.cfg, spec.dtype)
+        # The graphs this engine will capture share the eager backend's workspaces.
+        shapes = graph_shapes(settings.graph_batches(), settings.graph_extend_lens)
+        captures = self.device.type == "cuda" and settings.cuda_graphs
+        self.backend = make_backend(self.attention, self.device, self.cfg, self.dtype,
+                                    shapes=shapes if captures else ())  # fmt: skip
         # One page past the allocator's (0 .. kv_pages-1): padded and warm-up rows write
         # their KV there, never into a request's pages.
         self.scratch_page = spec.kv_pages

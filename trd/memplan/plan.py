@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from trd import devices
+from trd.engines.buckets import GraphShape
+from trd.memplan.workspace import float_workspace_bytes
 from trd.models.checkpoint import Checkpoint, ModelConfig
 
 GIB = 1 << 30
@@ -24,9 +26,9 @@ MIB = 1 << 20
 
 # On CUDA each engine holds, besides weights, KV and activations (the numbers are
 # checked on a GPU by scripts/gpu_check.sh, which compares them with what it measures):
-# flashinfer's float workspace (twice the 128 MiB its docs recommend) and its int workspace
-# (the size its wrappers allocate), one of each shared by every wrapper of the engine;
-FLASHINFER_WORKSPACE_BYTES = 256 * MIB
+# with the flashinfer backend, its float workspace (workspace.py: sized from the model's
+# heads and the graph buckets) and its int workspace (the size its wrappers allocate), one
+# of each shared by every wrapper of the engine;
 FLASHINFER_INT_WORKSPACE_BYTES = 8 * MIB
 # the CUDA context of the process (kernels load lazily: torch's, cuBLAS's, flashinfer's);
 CUDA_CONTEXT_BYTES = 512 * MIB
@@ -54,26 +56,31 @@ def reserve_bytes(
     cfg: ModelConfig,
     device: str,
     max_batch_tokens: int,
-    graph: tuple[int, int] = (0, 0),
+    shapes: Sequence[GraphShape] = (),
     kv_bytes_per_page: int = 0,
+    attention: str = "flashinfer",
 ) -> int:
     """Memory a model needs beyond weights and KV cache.
 
-    An eager step of `max_batch_tokens` (each may yield logits). On CUDA also the
-    flashinfer workspaces, the CUDA context and cuBLAS's workspaces, and with CUDA graphs
-    their memory: the graphs run one at a time and share one pool, which holds the largest
-    one's intermediates, `graph` = (its tokens, its logits rows), and write into one set
-    of output buffers (float32 logits of as many rows); plus the scratch page that padded
-    rows write to (`kv_bytes_per_page`) and GRAPH_SLACK_BYTES. A CPU engine has none.
+    An eager step of `max_batch_tokens` (each may yield logits). On CUDA also the CUDA
+    context and cuBLAS's workspaces, and with the flashinfer `attention` its workspaces and
+    the CUDA graphs of `shapes` (graphs need flashinfer): they run one at a time and share
+    one pool, which holds the largest one's intermediates, and write into one set of output
+    buffers (float32 logits of as many rows); plus the scratch page that padded rows write
+    to (`kv_bytes_per_page`) and GRAPH_SLACK_BYTES. A CPU engine has none of these.
     """
     total = activation_bytes(cfg, max_batch_tokens, max_batch_tokens)
-    if device.startswith("cuda"):
-        total += FLASHINFER_WORKSPACE_BYTES + FLASHINFER_INT_WORKSPACE_BYTES
-        total += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
-        if graph[0]:
-            tokens, rows = graph
-            total += activation_bytes(cfg, tokens, rows) + rows * cfg.vocab_size * 4
-            total += kv_bytes_per_page + GRAPH_SLACK_BYTES
+    if not device.startswith("cuda"):
+        return total
+    total += CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES
+    if attention != "flashinfer":
+        return total
+    dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+    total += float_workspace_bytes(dims, shapes) + FLASHINFER_INT_WORKSPACE_BYTES
+    if shapes:
+        tokens, rows = max(s.tokens for s in shapes), max(s.batch for s in shapes)
+        total += activation_bytes(cfg, tokens, rows) + rows * cfg.vocab_size * 4
+        total += kv_bytes_per_page + GRAPH_SLACK_BYTES
     return total
 
 
@@ -94,18 +101,15 @@ def model_mem(
     dtype: str,
     device: str,
     max_batch_tokens: int,
-    graph: tuple[int, int] = (0, 0),
+    shapes: Sequence[GraphShape] = (),
     page_size: int = 16,
+    attention: str = "flashinfer",
 ) -> ModelMem:
-    """What `ckpt`, served in `dtype` on `device`, needs; `graph` as in `reserve_bytes`."""
+    """What `ckpt`, served in `dtype` on `device`, needs; the rest as in `reserve_bytes`."""
     kv = ckpt.config.kv_bytes_per_token(dtype)
-    return ModelMem(
-        name=name,
-        device=device,
-        weight_bytes=ckpt.weight_bytes(dtype),
-        kv_bytes_per_token=kv,
-        reserve_bytes=reserve_bytes(ckpt.config, device, max_batch_tokens, graph, kv * page_size),
-    )
+    reserve = reserve_bytes(ckpt.config, device, max_batch_tokens, shapes, kv * page_size,
+                            attention)  # fmt: skip
+    return ModelMem(name, device, ckpt.weight_bytes(dtype), kv, reserve)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 from trd import devices
 from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError, ModelEntry
-from trd.engines.buckets import graph_shapes
+from trd.engines.attention.support import choose_backend
+from trd.engines.buckets import GraphShape, graph_shapes
 from trd.engines.spec import EngineSettings, EngineSpec
 from trd.memplan.plan import MemoryPlan, ModelMem, device_budget, model_mem, plan_memory
 from trd.mps.manager import MPS_CONTROL
@@ -37,6 +38,7 @@ class Deployment:
     mps_reason: str  # why MPS is off, for `trctl status`
     plan: MemoryPlan  # this host's engines only
     specs: tuple[Spec, ...]  # in model order: index i at position i
+    attention: dict[str, tuple[str, str]]  # local model -> (backend, why)
 
     def with_env(self, env: dict[str, dict[str, str]]) -> tuple[Spec, ...]:
         """The specs with extra environment per model name (e.g. the MPS pipe directory)."""
@@ -56,12 +58,11 @@ def resolve_device(setting: str, gpus: list[devices.GpuInfo]) -> str:
     return f"cuda:{index}"
 
 
-def graph_reserve(settings: EngineSettings, device: str) -> tuple[int, int]:
-    """(tokens, logits rows) of the largest CUDA graph an engine captures; (0, 0): none."""
-    if device == "cpu" or not settings.cuda_graphs:
-        return (0, 0)
-    shapes = graph_shapes(settings.graph_batches(), settings.graph_extend_lens)
-    return max(s.tokens for s in shapes), max(s.batch for s in shapes)
+def engine_graphs(settings: EngineSettings, device: str, attention: str) -> list[GraphShape]:
+    """The CUDA graphs an engine with `attention` captures (flashinfer only); [] for none."""
+    if device == "cpu" or not settings.cuda_graphs or attention != "flashinfer":
+        return []
+    return graph_shapes(settings.graph_batches(), settings.graph_extend_lens)
 
 
 def engine_env(gpu: devices.GpuInfo | None) -> dict[str, str]:
@@ -91,7 +92,7 @@ def plan_deployment(cfg: Config) -> Deployment:
     use_mps, mps_reason = resolve_mps(
         cfg.mps, gpus if device != "cpu" else [], shutil.which(MPS_CONTROL)
     )
-    graph = graph_reserve(cfg.engine, device)
+    attention = {m.name: _attention(cfg, device, m) for m in cfg.models if m.checkpoint is not None}
     mems = [
         model_mem(
             m.name,
@@ -99,8 +100,9 @@ def plan_deployment(cfg: Config) -> Deployment:
             m.dtype,
             device,
             cfg.engine.max_batch_tokens,
-            graph,
+            engine_graphs(cfg.engine, device, attention[m.name][0]),
             cfg.engine.page_size,
+            attention[m.name][0],
         )
         for m in cfg.models
         if m.checkpoint is not None
@@ -118,7 +120,17 @@ def plan_deployment(cfg: Config) -> Deployment:
         for i, m in enumerate(cfg.models)
         if m.checkpoint is not None or m.remote is not None
     )
-    return Deployment(device, gpu.uuid if gpu else "", use_mps, mps_reason, plan, specs)
+    uuid = gpu.uuid if gpu else ""
+    return Deployment(device, uuid, use_mps, mps_reason, plan, specs, attention)
+
+
+def _attention(cfg: Config, device: str, m: ModelEntry) -> tuple[str, str]:
+    """The attention backend the model's engine will run, and why (support.py)."""
+    assert m.checkpoint is not None
+    try:
+        return choose_backend(cfg.engine.attention, device, m.checkpoint.config, m.dtype)
+    except ValueError as exc:
+        raise ConfigError(f"model {m.name!r}: {exc}") from None
 
 
 def _spec(

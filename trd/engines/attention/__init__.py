@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
+from collections.abc import Sequence
 
 import torch
 
 from trd.engines.attention.base import AttentionBackend, BatchLayout
+from trd.engines.attention.support import choose_backend
 from trd.engines.buckets import GraphShape
 from trd.models.checkpoint import ModelConfig
 
@@ -16,22 +17,13 @@ __all__ = ["AttentionBackend", "BatchLayout", "make_backend", "resolve_backend"]
 log = logging.getLogger(__name__)
 
 
-def resolve_backend(name: str, device: torch.device) -> str:
-    """`auto`: flashinfer on CUDA when it is installed (else torch, with a warning), torch
-    elsewhere. The dtype was checked against flashinfer's when the spec was built."""
-    if name not in ("auto", "torch", "flashinfer"):
-        raise ValueError(f"unknown attention backend {name!r} (choose auto, torch or flashinfer)")
-    if name == "flashinfer" and device.type != "cuda":
-        raise ValueError("engine.attention: flashinfer: the flashinfer backend needs a CUDA device")
-    if name != "auto":
-        return name
-    if device.type != "cuda":
-        return "torch"
-    if importlib.util.find_spec("flashinfer") is None:
-        log.warning("flashinfer is not installed: attention runs on the torch backend, slowly "
-                    "(pip install 'tokenrouterd[gpu]')")  # fmt: skip
-        return "torch"
-    return "flashinfer"
+def resolve_backend(name: str, device: torch.device, cfg: ModelConfig, dtype: str) -> str:
+    """The backend for engine.attention `name` and this model (support.py says which);
+    a fallback from `auto` to torch on CUDA is logged with its reason."""
+    backend, why = choose_backend(name, str(device), cfg, dtype)
+    if backend == "torch" and name == "auto" and device.type == "cuda":
+        log.warning("attention runs on the torch backend, slowly: %s", why)
+    return backend
 
 
 def make_backend(
@@ -42,9 +34,11 @@ def make_backend(
     graph: GraphShape | None = None,
     max_pages: int = 0,
     share: AttentionBackend | None = None,
+    shapes: Sequence[GraphShape] = (),
 ) -> AttentionBackend:
     """A backend `name` (already resolved); for a CUDA graph of `graph`'s shape if given,
-    with index buffers for `max_pages` pages, sharing `share`'s workspaces."""
+    with index buffers for `max_pages` pages, sharing `share`'s workspaces; without
+    `share`, with workspaces sized for the graphs of `shapes` that will share them."""
     if name == "torch":
         from trd.engines.attention.torch_paged import TorchPagedAttention
 
@@ -53,4 +47,4 @@ def make_backend(
 
     assert share is None or isinstance(share, FlashInferPagedAttention)
     dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-    return FlashInferPagedAttention(device, dims, dtype, graph, max_pages, share)
+    return FlashInferPagedAttention(device, dims, dtype, graph, max_pages, share, shapes)

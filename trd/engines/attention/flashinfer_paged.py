@@ -14,11 +14,13 @@ its copy has run).
 A backend built for a `GraphShape` is a CUDA-graph backend: its wrapper keeps the index
 arrays in fixed device buffers sized for that shape, so a captured graph reads each
 step's plan from the same addresses. Every backend of one engine shares one float and
-one int workspace; plans never overlap because one step runs at a time.
+one int workspace, the float one sized for the engine's graph `shapes` (the memory
+plan's trd/memplan/workspace.py); plans never overlap because one step runs at a time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,7 +28,8 @@ import torch
 
 from trd.engines.attention.base import AttentionBackend, BatchLayout, slot_indices
 from trd.engines.buckets import GraphShape
-from trd.memplan.plan import FLASHINFER_INT_WORKSPACE_BYTES, FLASHINFER_WORKSPACE_BYTES
+from trd.memplan.plan import FLASHINFER_INT_WORKSPACE_BYTES
+from trd.memplan.workspace import float_workspace_bytes
 
 FLASHINFER_BACKEND = "fa2"
 INSTALL_HINT = "install flashinfer (pip install 'tokenrouterd[gpu]', the flashinfer-python package)"
@@ -76,12 +79,14 @@ class FlashInferPagedAttention(AttentionBackend):
         graph: GraphShape | None = None,
         max_pages: int = 0,
         share: FlashInferPagedAttention | None = None,
+        shapes: Sequence[GraphShape] = (),
     ) -> None:
         fi = import_flashinfer()
         self.device, self.graph = device, graph
         self._dims, self._dtype = dims, dtype
         if share is None:  # zeroed, as flashinfer asks for the workspace's first use
-            ws = (FLASHINFER_WORKSPACE_BYTES, FLASHINFER_INT_WORKSPACE_BYTES)
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            ws = (float_workspace_bytes(dims, shapes, sms), FLASHINFER_INT_WORKSPACE_BYTES)
             self.float_ws, self.int_ws = (
                 torch.zeros(n, dtype=torch.uint8, device=device) for n in ws
             )
