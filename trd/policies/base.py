@@ -82,6 +82,12 @@ class PolicyContext:
     def last(self) -> int:
         return self.num_models - 1
 
+    @property
+    def device(self) -> torch.device:
+        """The engine's device (its embedding's): every tensor a policy builds goes there."""
+        table = getattr(self.embed, "weight", None)
+        return table.device if isinstance(table, torch.Tensor) else torch.device("cpu")
+
 
 @dataclass(frozen=True, slots=True)
 class StepView:

@@ -46,7 +46,7 @@ class GatedPolicy(ThresholdPolicy):
         if ctx.model != 0:
             return  # only the entry model scores positions
         path = Path(params.head)
-        hidden = ctx.embed(torch.zeros(1, dtype=torch.long)).shape[-1]
+        hidden = ctx.embed(torch.zeros(1, dtype=torch.long, device=ctx.device)).shape[-1]
         self.head = self.load(path, hidden)
         if params.threshold is None:
             if self.head.threshold is None:
@@ -86,9 +86,14 @@ class GatedPolicy(ThresholdPolicy):
         x = step.hidden
         if self.head.top_k:
             x = torch.cat([x, logit_features(step.logits, self.head.top_k).to(x.dtype)], dim=-1)
-        if self.head.layers[0][0].dtype != x.dtype:
+        return self.placed(x)(x)
+
+    def placed(self, x: torch.Tensor) -> RouterHead:
+        """The head in `x`'s dtype on `x`'s device (moved there once, at the first step)."""
+        assert isinstance(self.head, RouterHead)
+        if (self.head.dtype, self.head.device) != (x.dtype, x.device):
             self.head = self.head.to(x.dtype, x.device)
-        return self.head(x)
+        return self.head
 
     def escalate(self, score: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -124,7 +129,7 @@ class R2RPolicy(GatedPolicy):
         assert self.head is not None
         h = step.hidden
         if isinstance(self.head, R2RRouter):
-            if self.head.dtype != h.dtype:
+            if (self.head.dtype, self.head.device) != (h.dtype, h.device):
                 self.head = self.head.to(h.dtype, h.device)
             top = torch.topk(step.logits, self.head.top_k, dim=-1).values.to(h.dtype)
             tokens = step.tokens.to(h.device)
@@ -134,9 +139,7 @@ class R2RPolicy(GatedPolicy):
         top = torch.topk(step.logits, self.head.top_k, dim=-1).values
         emb = self.ctx.embed(step.tokens.to(h.device)).to(h.dtype)
         x = torch.cat([h, emb, top.to(h.dtype)], dim=-1)
-        if self.head.layers[0][0].dtype != x.dtype:
-            self.head = self.head.to(x.dtype, x.device)
-        return self.head(x)
+        return self.placed(x)(x)
 
     def escalate(self, score: torch.Tensor) -> torch.Tensor:
         return score >= self.tau

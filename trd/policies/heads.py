@@ -71,6 +71,14 @@ class RouterHead:
     def in_features(self) -> int:
         return self.layers[0][0].shape[1]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0][0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0][0].device
+
     def to(self, dtype: torch.dtype, device: torch.device) -> RouterHead:
         moved = [(w.to(device, dtype), b.to(device, dtype)) for w, b in self.layers]
         return RouterHead(moved, self.kind, self.top_k, self.threshold, self.pair)

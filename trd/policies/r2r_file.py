@@ -75,6 +75,10 @@ class R2RRouter:
     def dtype(self) -> torch.dtype:
         return self.t["combined_projection.weight"].dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.t["combined_projection.weight"].device
+
     def _linear(self, name: str, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.t[f"{name}.weight"], self.t[f"{name}.bias"])
 
