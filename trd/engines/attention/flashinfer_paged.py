@@ -7,9 +7,10 @@ only ratios 1, 2, 3, 4, 6, 8); steps with any extend use the causal
 FA3 on Hopper, which older releases do not support for every head size.
 
 Planning wants host int32 arrays: flashinfer reads indptr and lengths on the host, so
-device tensors would cost a blocking copy back each step. The arrays are staged in
-pinned memory so the uploads are asynchronous (torch keeps a pinned block alive until
-its copy has run).
+device tensors would cost a blocking copy back each step; the page indices, which it
+only copies, go to the device first. The arrays are staged in pinned memory so the
+uploads are asynchronous (torch keeps a pinned block alive until its copy has run).
+Plans of one wrapper are ordered by an event (`_ordered_plan`).
 
 A backend built for a `GraphShape` is a CUDA-graph backend: its wrapper keeps the index
 arrays in fixed device buffers sized for that shape, so a captured graph reads each
@@ -70,6 +71,11 @@ def _pinned(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a).pin_memory()
 
 
+def new_event() -> Any:
+    """A CUDA event on the current stream, recorded by the caller."""
+    return torch.cuda.Event()
+
+
 class FlashInferPagedAttention(AttentionBackend):
     def __init__(
         self,
@@ -102,6 +108,7 @@ class FlashInferPagedAttention(AttentionBackend):
             }
             self._write_slots = torch.zeros(graph.tokens, dtype=torch.long, device=device)
         self._decode = self._prefill = None
+        self._planned: dict[str, Any] = {}  # wrapper -> the event after its last plan
         if graph is None or graph.is_decode:
             self._decode = fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.float_ws, "NHD", use_tensor_cores=True, backend=FLASHINFER_BACKEND,
@@ -122,24 +129,43 @@ class FlashInferPagedAttention(AttentionBackend):
         heads, kv_heads, head_dim = self._dims
         a = plan_arrays(layout)
         indptr, last = _pinned(a["kv_indptr"]), _pinned(a["last_page_len"])
-        indices = _pinned(a["kv_indices"])
+        # On the device: flashinfer reads indptr and lengths on the host, but copies a host
+        # `indices` with a blocking copy.
+        indices = _pinned(a["kv_indices"]).to(self.device, non_blocking=True)
         if self.graph is None:
             self._write_slots = _pinned(a["write_slots"]).to(self.device, non_blocking=True)
-        else:  # fixed buffers; a host `indices` would be copied with a blocking copy
+        else:  # the graph's fixed buffer
             self._write_slots.copy_(_pinned(a["write_slots"]), non_blocking=True)
-            indices = indices.to(self.device, non_blocking=True)
         kv = (indptr, indices, last)
         types = {"q_data_type": self._dtype, "kv_data_type": self._dtype}
         if self._decode is not None and all(n == 1 for n in layout.q_lens):
-            self._decode.plan(*kv, heads, kv_heads, head_dim, layout.page_size, **types)
+            self._ordered_plan("decode", *kv, heads, kv_heads, head_dim, layout.page_size,
+                               **types)  # fmt: skip
             self._run = self._decode.run
         else:
             assert self._prefill is not None, f"an extend step planned on graph {self.graph}"
             qo = _pinned(a["qo_indptr"])
-            self._prefill.plan(
-                qo, *kv, heads, kv_heads, head_dim, layout.page_size, causal=True, **types
-            )
+            self._ordered_plan("prefill", qo, *kv, heads, kv_heads, head_dim, layout.page_size,
+                               causal=True, **types)  # fmt: skip
             self._run = self._prefill.run
+
+    def _ordered_plan(self, which: str, *args: Any, **kwargs: Any) -> None:
+        """The wrapper's plan(), once its previous plan's upload has run.
+
+        plan() fills the wrapper's one pinned staging buffer on the host and queues its
+        copy to the device without waiting (flashinfer's scheduler.cuh, PrefillPlan); a
+        second plan before that copy has run would overwrite the indices the previous
+        step's kernels read (a long prompt's chunks at an idle engine, the engine's
+        per-request retry). An event after each plan orders them; the wait ends when the
+        device reaches the previous plan of this wrapper, so the host still runs ahead."""
+        wrapper = self._decode if which == "decode" else self._prefill
+        assert wrapper is not None
+        previous = self._planned.get(which)
+        if previous is not None:
+            previous.synchronize()
+        wrapper.plan(*args, **kwargs)
+        self._planned[which] = event = new_event()
+        event.record()
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
