@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,12 +52,17 @@ class ForwardOutput:
 
 class ModelTimer:
     """Seconds inside the model forward. On CUDA CUDA events bracket it, read (after one
-    device synchronize) only when asked, so serving pays no synchronisation for it."""
+    device synchronize) only when asked, so serving pays no synchronisation for it. At most
+    MAX_PENDING steps' events are kept when nothing reads the timer (serving): past that,
+    the steps the device has finished are folded into the total, and if it is that far
+    behind, the host waits for the oldest one."""
+
+    MAX_PENDING = 64
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._seconds = 0.0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._events: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
         self._start: torch.cuda.Event | float = 0.0
 
     def start(self) -> None:
@@ -73,13 +79,23 @@ class ModelTimer:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
         self._events.append((self._start, end))
+        if len(self._events) > self.MAX_PENDING:
+            while self._events and self._events[0][1].query():
+                self._fold()
+            if len(self._events) > self.MAX_PENDING:
+                self._events[0][1].synchronize()
+                self._fold()
+
+    def _fold(self) -> None:
+        start, end = self._events.popleft()
+        self._seconds += start.elapsed_time(end) / 1e3
 
     @property
     def seconds(self) -> float:
         if self._events:
             torch.cuda.synchronize()
-            self._seconds += sum(s.elapsed_time(e) for s, e in self._events) / 1e3
-            self._events.clear()
+            while self._events:
+                self._fold()
         return self._seconds
 
     @seconds.setter
