@@ -20,6 +20,7 @@ import pytest
 
 from trd.devices import GpuInfo
 from trd.mps import manager as manager_mod
+from trd.mps.driver import binary_versions, branch_mismatch
 from trd.mps.manager import MpsError, MpsManager, daemon_pid, is_running
 from trd.mps.resolve import resolve_mps
 
@@ -174,8 +175,39 @@ def test_resolve_required() -> None:
         resolve_mps("required", [], None)
     assert str(info.value) == (
         "mps: required, but no GPU found by NVML; nvidia-cuda-mps-control is not on PATH "
-        "(install the Debian package nvidia-cuda-mps (from the non-free component), "
-        "or set mps: off)"
+        "(install the MPS binaries of the driver's branch (they come with NVIDIA's driver; "
+        "Debian's nvidia-cuda-mps from non-free matches Debian's driver), or set mps: off)"
     )
     with pytest.raises(MpsError, match=r"^mps: required, but no GPU found by NVML$"):
         resolve_mps("required", [], "/usr/bin/nvidia-cuda-mps-control")
+
+
+def _binary(tmp_path: Path, version: str) -> str:
+    """An executable that carries `version` the way NVIDIA's MPS binaries do (as text)."""
+    path = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    path.parent.mkdir()
+    path.write_text(f"#!/bin/sh\n# NVIDIA MPS control {version}\nexit 0\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_an_mps_binary_of_another_driver_branch_is_named_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Debian bookworm's 535 binaries on the 580 driver of a cloud image."""
+    binary = _binary(tmp_path, "535.309.01")
+    monkeypatch.setattr(manager_mod, "driver_version", lambda: "580.159.03")
+    with pytest.raises(MpsError) as info:
+        MpsManager(tmp_path, binary).start()
+    assert str(info.value) == (
+        f"{binary} is from driver 535.309.01, the driver is 580.159.03: MPS servers of "
+        "another driver branch refuse their clients; put the nvidia-cuda-mps-control and "
+        "nvidia-cuda-mps-server of driver 580.159.03 (installed with it) first on PATH, "
+        "or set mps: off"
+    )
+    assert branch_mismatch(binary, "535.104.05") == ""  # same branch
+    assert branch_mismatch(binary, None) == ""  # no driver: the start itself will say
+
+
+def test_the_debian_binary_carries_its_version(mps_binary: str) -> None:
+    assert {v.split(".")[0] for v in binary_versions(Path(mps_binary))} == {"535"}

@@ -79,3 +79,13 @@ def test_api_keys_come_from_a_credential_or_an_optional_environment_file() -> No
     assert credential, "the unit documents LoadCredential"
     example = yaml.safe_load(re.sub(r"^# (api_key_file:)", r"\1", EXAMPLE.read_text(), flags=re.M))
     assert example["api_key_file"] == f"/run/credentials/{UNIT.name}/{credential[1]}"
+
+
+def test_flashinfers_compiler_and_ninja_are_on_the_units_path() -> None:
+    """flashinfer compiles kernels at first start: nvcc from CUDA_HOME, `ninja` from PATH,
+    which pip installs next to tokenrouterd (ExecStart's directory)."""
+    s = unit_settings()
+    env = dict(e.split("=", 1) for e in s["Environment"])
+    path = env["PATH"].split(":")
+    assert f"{env['CUDA_HOME']}/bin" in path
+    assert str(Path(s["ExecStart"][0].split()[0]).parent) in path

@@ -26,6 +26,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from trd.mps.driver import branch_mismatch, driver_version
+
 log = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_S = 10.0
@@ -142,6 +144,9 @@ class MpsManager:
         for d in (self.root, self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, 0o700)  # mkdir's mode is masked by umask and ignored if d exists
+        mismatch = branch_mismatch(self.binary, driver_version())
+        if mismatch:
+            raise MpsError(mismatch)
         stale = daemon_pid(self.pipe_dir)
         if stale is not None:
             log.warning("stopping MPS control daemon %d left in %s", stale, self.pipe_dir)

@@ -11,7 +11,8 @@ from trd.mps.manager import MPS_CONTROL, MpsError
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
-    "install the Debian package nvidia-cuda-mps (from the non-free component), or set mps: off"
+    "install the MPS binaries of the driver's branch (they come with NVIDIA's driver; "
+    "Debian's nvidia-cuda-mps from non-free matches Debian's driver), or set mps: off"
 )
 
 
