@@ -1,62 +1,63 @@
 #!/usr/bin/env bash
-# Every GPU check of tokenrouterd in one command, for one H200 (under 8 minutes):
+# Every GPU check of tokenrouterd in one command: a complete verdict in about 6 minutes on
+# a fresh H200, kernel compilation included (docs/gpu.md: what it proves, what it cannot).
 #
-#   versions      torch, CUDA, nvcc, flashinfer, driver, compute capability
-#   attention     flashinfer vs the torch backend on a float32 copy: decode, prefill from
-#                 empty, extend on existing KV, mixed, full last pages; heads (16,8,128),
-#                 (40,8,128), (28,4,128), (2,1,32); every max error printed
-#   checkpoints   Qwen3-0.6B/8B-shaped random checkpoints (made on the GPU, in parallel)
-#   engines       float32 on CUDA refused; graphs on vs off give equal greedy tokens on
-#                 the fixtures and the shaped pair (scripted handoffs at every kind of
-#                 position), the shaped pair's as its weights make them; step ms per batch
-#                 size per model; graph pool and CUDA context against the memory plan
-#   mps           the daemon under `mps: required`: both engines MPS clients per NVML or
-#                 nvidia-smi, one completion served, MPS gone after the stop
-#   throughput    N = 1, 4, 16 on the shaped pair, 25% of tokens by the 8B, graphs on vs
-#                 off, the official-style loop as the reference (tokens must match)
-#   pytest_gpu    tests/test_flashinfer.py
+#   versions     python, torch, CUDA, nvcc, ninja, flashinfer, driver, compute capability,
+#                the MPS binary and the driver it belongs to: what ran
+#   checkpoints  the shaped pair: Qwen3-0.6B and -8B shapes, 2 layers each (seconds)
+#   attention    flashinfer vs the torch backend on a float32 copy: decode, prefill,
+#                extend on existing KV, mixed, full last pages; heads (16,8,128),
+#                (32,8,128), (40,8,128), (28,4,128), (14,2,64); head_dim 32 gets torch.
+#                Compiles the two kernel modules used (head_dim 64, 128) at once; every
+#                later stage reuses them (one FLASHINFER_WORKSPACE_BASE)
+#   engines      one engine, graphs on vs off: token-exact, and the designed tokens
+#   mps          the routed pair through the daemon under MPS, token-exact against the
+#                tokens the shaped weights make; both engines MPS clients
+#   memory       one engine's process: NVML (nvidia-smi) against the memory plan
+#   throughput   the pair in engine processes, N = 1 and 16, graphs on and off
 #
-# Usage: scripts/gpu_check.sh OUT_DIR   -> OUT_DIR/gpu_check.json, summary.txt, log.txt
+# Usage: scripts/gpu_check.sh [--dry-run] OUT_DIR
+#   -> OUT_DIR/summary.txt (rewritten after every stage; first line PASS, FAIL: stages,
+#      or INCOMPLETE), gpu_check.json, log.txt
+# --dry-run walks every stage on the CPU (float32, tiny models, no MPS); CI runs it.
 # Exit: 0 all passed, 1 something failed or did not run, 3 no CUDA device (nothing ran).
-# Needs no network. Without a GPU it stops at "no CUDA device" (exit 3).
 #
-# On the device machine (tools `run` of the device README; it has torch, nvcc, ninja,
-# transformers, pytest, but no flashinfer or pydantic and no network):
-#   1. Here, once, in the checkout that will be sent (the main one):
-#        scripts/gpu_check_prepare.sh
-#      It fills .gpu/ (ignored by git, ~30 MB): .gpu/whl (flashinfer-python 0.6.18.post1,
-#      pure Python, it compiles its kernels with the machine's nvcc on first use;
-#      apache-tvm-ffi for CPython 3.12; pydantic, pydantic-core, annotated-types,
-#      typing-inspection), .gpu/cache (the fixture models) and .gpu/mps (Debian's
-#      nvidia-cuda-mps, used only if the machine has no nvidia-cuda-mps-control).
-#   2. The device call:
-#        run(command="bash scripts/gpu_check.sh $OUT", carry=[".gpu"], timeout_s=600)
-#      The summary comes back as $OUT/summary.txt.
+# On the device machine (its own Python, torch, nvcc, ninja, psutil; no network):
+#   1. Here, once: scripts/gpu_check_prepare.sh  (fills .gpu/, under 64 MiB: the wheels
+#      `import flashinfer` and the daemon need there, the fixture tokenizer, an MPS package)
+#   2. run(command="bash scripts/gpu_check.sh $OUT", carry=[".gpu"], timeout_s=600)
 set -u
 
-out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+if [ "${1:-}" = "--dry-run" ]; then
+    export GPU_CHECK_DRY_RUN=1
+    shift
+fi
+out=${1:?usage: scripts/gpu_check.sh [--dry-run] OUT_DIR}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo" || exit 1
 mkdir -p "$out"
 python=${PYTHON:-python3}
 
 site=/tmp/gpu_check_site
-if [ -d .gpu/whl ] && ! "$python" -c "import flashinfer" 2>/dev/null; then
+if [ -z "${GPU_CHECK_DRY_RUN:-}" ] && [ -d .gpu/whl ] && ! "$python" -c "import flashinfer" 2>/dev/null; then
     echo "installing the carried wheels into $site"
     if "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$site" .gpu/whl/*.whl; then
         export PYTHONPATH="$site"
-    else  # e.g. another Python than the 3.12 they were fetched for: the checks say so
+    else  # e.g. another Python than the 3.12 they were fetched for: versions says so
         echo "gpu_check: the carried wheels do not install here; flashinfer may be missing"
     fi
 fi
 export PYTHONPATH="$repo:$repo/scripts${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-export GPU_CHECK_WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
-# The fixtures travel in .gpu/cache; elsewhere they come from (or are built into) the cache.
+# The fixture tokenizer (the shaped models use it) travels in .gpu/cache.
 if [ -d .gpu/cache ]; then export TRD_CACHE_DIR="$repo/.gpu/cache"; fi
-export GPU_CHECK_FIXTURES=${GPU_CHECK_FIXTURES:-$("$python" -c \
-    'from trd.testing.tinymodels.cache import cache_root; print(cache_root())')}
-# flashinfer's kernel cache (compiled on first use; minutes, once per machine).
+# The shaped checkpoints (a few GB) go to memory when there is room for them.
+if [ -z "${GPU_CHECK_WORK:-}" ]; then
+    GPU_CHECK_WORK=/tmp/gpu_check
+    if [ -z "${GPU_CHECK_DRY_RUN:-}" ] && [ -w /dev/shm ]; then GPU_CHECK_WORK=/dev/shm/gpu_check; fi
+    export GPU_CHECK_WORK
+fi
+# flashinfer's kernels: compiled once per machine, into one place every stage reads.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/gpu_check_flashinfer}
 exec "$python" -m gpucheck.main "$out"

@@ -2,7 +2,7 @@
 # Fill .gpu/ (ignored by git) with what scripts/gpu_check.sh needs on a device machine
 # without network; run it here, in the checkout the device call sends, then carry .gpu:
 #   .gpu/whl    wheels for its CPython 3.12 (pip download, nothing installed here)
-#   .gpu/cache  the fixture models (built here first if missing)
+#   .gpu/cache  the fixture models and tokenizer (the shaped checkpoints use the tokenizer)
 #   .gpu/mps    Debian's nvidia-cuda-mps, unpacked (used where the machine has none)
 set -eu
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,3 +27,8 @@ else
     echo "gpu_check_prepare: no MPS package fetched; the check uses the machine's binary" >&2
 fi
 du -sh "$dest"
+# One device call carries at most 64 MiB.
+if [ "$(du -sm "$dest" | cut -f1)" -gt 64 ]; then
+    echo "gpu_check_prepare: $dest is over 64 MiB: it cannot travel" >&2
+    exit 1
+fi

@@ -1,6 +1,8 @@
-"""The GPU check's own parts, on CPU: the script stops cleanly without a device, the
-attention harness tells a right backend from a wrong one, the routed-pair driver gives
-the tokens the shaped weights make, padded or not."""
+"""The GPU check's own parts, on CPU: the script stops cleanly without a device, its dry
+run walks every stage (float32, tiny shaped models, the daemon without MPS) to a PASS,
+the summary's first line says how far a run got, the attention harness tells a right
+backend from a wrong one, the routed-pair driver gives the tokens the shaped weights
+make, padded or not, and the graph pool is read from the allocator's segments."""
 
 from __future__ import annotations
 
@@ -14,28 +16,68 @@ import gpucheck.attention
 import pytest
 import torch
 from gpucheck.attention import CASES, HEADS, check_all
+from gpucheck.main import STAGES
 from gpucheck.routing import POLICY, SCHEDULE, expected_tokens, jobs
-from gpucheck.summary import summary
+from gpucheck.summary import summary, verdict
 from make_shaped_checkpoints import Shape, write_checkpoint
 
 from trd.engines.attention.torch_paged import TorchPagedAttention
-from trd.engines.graphs import StepGraphs
+from trd.engines.graphs import StepGraphs, pool_bytes
 from trd.testing.wiring import Wiring
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WORK": str(tmp_path / "work")}
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args,
+                           str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 def test_the_check_stops_cleanly_without_a_cuda_device(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WORK": str(tmp_path / "work")}
-    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "out")],
-                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = run_check(tmp_path)
     assert done.returncode == 3, done.stderr[-2000:]
     assert "no CUDA device" in done.stderr
     text = (tmp_path / "out" / "summary.txt").read_text()
-    assert text.startswith("GPU check: no CUDA device: nothing was checked")
+    assert text.startswith("NO DEVICE: no CUDA device, nothing was checked")
     results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert results["versions"]["torch"] == torch.__version__
+
+
+def test_the_dry_run_walks_every_stage_to_a_pass(tmp_path: Path) -> None:
+    """Every stage's code on the CPU: a Python error anywhere fails its stage and the run."""
+    done = run_check(tmp_path, "--dry-run")
+    text = (tmp_path / "out" / "summary.txt").read_text()
+    assert done.returncode == 0, text + done.stderr[-3000:]
+    assert text.splitlines()[:2] == ["PASS: all 7 stages", "GPU check (dry run, CPU)"]
+    results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert list(results) == list(STAGES)
+    assert results["engines"]["graphs_on"]["replays"] > 0  # padded into the buckets
+    assert results["mps"]["tokens_exact"] and len(results["mps"]["engines"]) == 2
+    assert results["attention"]["head_dim_32_backend"] == "torch"
+
+
+def test_the_first_line_says_how_far_a_run_got() -> None:
+    stages = ("versions", "attention", "engines")
+    ok, bad = {"ok": True}, {"ok": False, "error": "exit 1"}
+    assert verdict({}, stages) == "INCOMPLETE: 0 of 3 stages passed, last none"
+    assert verdict({"versions": ok}, stages) == "INCOMPLETE: 1 of 3 stages passed, last versions"
+    failed = verdict({"versions": ok, "attention": bad}, stages)
+    assert failed == "FAIL: attention (2 of 3 stages ended)"
+    assert verdict(dict.fromkeys(stages, ok), stages) == "PASS: all 3 stages"
+    assert summary({"versions": ok, "attention": bad}, stages).startswith(failed + "\n")
+
+
+def test_the_graph_pool_is_the_allocators_segments_of_that_pool() -> None:
+    snapshot = [
+        {"total_size": 20 << 20, "segment_pool_id": (0, 7)},  # the graphs' pool
+        {"total_size": 2 << 20, "segment_pool_id": (0, 7)},
+        {"total_size": 64 << 20, "segment_pool_id": (0, 0)},  # the default pool
+        {"total_size": 2 << 20, "segment_pool_id": (0, 3)},  # another pool
+    ]
+    assert pool_bytes(snapshot, (0, 7)) == 22 << 20
 
 
 def test_the_attention_harness_passes_a_right_backend_and_fails_a_wrong_one(
@@ -52,7 +94,7 @@ def test_the_attention_harness_passes_a_right_backend_and_fails_a_wrong_one(
     monkeypatch.setattr(gpucheck.attention, "make_backend", lambda *a: OffByOne(a[1]))
     rows = check_all("torch", torch.float32, "cpu")
     assert not any(r["ok"] for r in rows)
-    assert "<-- FAIL" in summary({"attention": {"ok": False, "cases": rows}})
+    assert "<-- FAIL" in summary({"attention": {"ok": False, "cases": rows}}, ("attention",))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,13 @@
-"""What every step shares: timestamped progress lines, JSON results, the paths used."""
+"""What every stage shares: progress lines, JSON results, the paths, the models and the mode.
+
+The check runs on a GPU (bfloat16 on cuda, the shaped pair: the published Qwen3-0.6B and
+-8B shapes with a few layers) or, with GPU_CHECK_DRY_RUN=1, on the CPU (float32, the
+same construction at a tiny size), so CI walks every stage's code without a device.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -9,13 +15,33 @@ import time
 from pathlib import Path
 from typing import Any
 
+from make_shaped_checkpoints import SHAPES, Shape
+
 START = time.monotonic()
-# Where the steps find the fixtures and the shaped checkpoints (set by gpu_check.sh).
+# Where the stages put their results and the shaped checkpoints (set by gpu_check.sh).
 WORK = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu_check"))
-SHAPED = {
-    "small": WORK / "shaped" / "qwen3-0.6b-shaped",
-    "large": WORK / "shaped" / "qwen3-8b-shaped",
-}
+DRY_RUN = os.environ.get("GPU_CHECK_DRY_RUN") == "1"
+DEVICE, DTYPE = ("cpu", "float32") if DRY_RUN else ("cuda", "bfloat16")
+# Layers of each published shape: enough for the kernels, the graphs and the memory plan,
+# written in seconds (the full 8B is 16 GB).
+LAYERS = 2
+
+
+def tiny(shape: Shape) -> Shape:
+    """The dry run's stand-in: the same construction (tied repeats, untied adds one)."""
+    return dataclasses.replace(shape, name=f"tiny-{shape.name}", hidden=64, intermediate=128,
+                               heads=4, kv_heads=2, head_dim=16, vocab=4096)  # fmt: skip
+
+
+def shapes() -> dict[str, Shape]:
+    """small (entry) and large, as written by the checkpoints stage."""
+    chosen = {"small": SHAPES["0.6b"], "large": SHAPES["8b"]}
+    chosen = {k: dataclasses.replace(s, layers=LAYERS) for k, s in chosen.items()}
+    return {k: tiny(s) for k, s in chosen.items()} if DRY_RUN else chosen
+
+
+def model_path(which: str) -> Path:
+    return WORK / "shaped" / shapes()[which].name
 
 
 def log(msg: str) -> None:
@@ -25,3 +51,14 @@ def log(msg: str) -> None:
 
 def dump(path: str | Path, data: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(data, indent=1, default=str))
+
+
+def first_mismatch(a: list[list[int]], b: list[list[int]]) -> str:
+    """Where two runs' tokens first differ ("" when equal)."""
+    if len(a) != len(b):
+        return f"{len(a)} vs {len(b)} requests"
+    for rid, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            pos = next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t), None)
+            return f"request {rid} position {pos}: {x[:40]} vs {y[:40]}"
+    return ""

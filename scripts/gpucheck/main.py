@@ -1,11 +1,13 @@
 """Every GPU check in one run; scripts/gpu_check.sh says how to run it on the device.
 
-    python -m gpucheck.main OUT_DIR
+    python -m gpucheck.main OUT_DIR        (GPU_CHECK_DRY_RUN=1: on the CPU, common.py)
 
-Each step is a process of its own (a crash or a hang costs that step only) with a time
-limit inside one overall budget (GPU_CHECK_BUDGET_S, default 460 s); steps the budget no
-longer allows are reported as not run. Writes OUT_DIR/gpu_check.json (every result),
-OUT_DIR/summary.txt (a page) and OUT_DIR/log.txt (every step's output).
+Each stage is a process of its own (a crash or a hang costs that stage only) with a time
+limit inside one overall budget (GPU_CHECK_BUDGET_S, default 330 s); stages the budget no
+longer allows are reported as not run. After every stage OUT_DIR/summary.txt is written
+again (its first line: PASS, FAIL naming the failed stages, or INCOMPLETE naming the
+last one done), so a run cut off says how far it got; also OUT_DIR/gpu_check.json (every
+result) and OUT_DIR/log.txt (every stage's output).
 
 Exit status: 0 every check passed; 1 a check failed or did not run; 3 no CUDA device.
 """
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpucheck.common import WORK, dump, log
+from gpucheck.common import DRY_RUN, WORK, dump, log
 from gpucheck.summary import summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,20 +62,23 @@ class Runner:
         log(f"step {name}: {'PASS' if result.get('ok') else 'FAIL'} in {result['seconds']} s")
         self.save()
 
-    def step(self, name: str, argv: list[str], limit_s: float) -> None:
+    def step(self, name: str, limit_s: float, argv: list[str] | None = None) -> None:
         if self.deadline - time.monotonic() < 20:
             self.results[name] = {"ok": False, "error": "not run: out of time"}
             log(f"step {name}: NOT RUN (out of time)")
             return
-        self.finish(self.start(name, argv), limit_s)
+        self.finish(self.start(name, argv or module(name)), limit_s)
 
     def save(self) -> None:
         dump(self.out / "gpu_check.json", self.results)
-        (self.out / "summary.txt").write_text(summary(self.results))
+        (self.out / "summary.txt").write_text(summary(self.results, STAGES))
 
 
 def module(name: str) -> list[str]:
     return [sys.executable, "-m", f"gpucheck.{name}", str(WORK / f"{name}.json")]
+
+
+STAGES = ("versions", "checkpoints", "attention", "engines", "mps", "memory", "throughput")
 
 
 def main() -> int:
@@ -82,25 +87,22 @@ def main() -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     for stale in WORK.glob("*.json"):
         stale.unlink()
-    run = Runner(out, float(os.environ.get("GPU_CHECK_BUDGET_S", "460")))
-    run.step("versions", module("versions"), 60)
-    if not run.results["versions"].get("cuda_available"):
-        run.results["status"] = "no CUDA device: nothing was checked"
+    run = Runner(out, float(os.environ.get("GPU_CHECK_BUDGET_S", "330")))
+    run.step("versions", 30)
+    if not DRY_RUN and not run.results["versions"].get("cuda_available"):
+        run.results["status"] = "NO DEVICE: no CUDA device, nothing was checked"
         run.save()
         log("no CUDA device: nothing to check (summary in OUT/summary.txt)")
         return NO_DEVICE
-    fixtures = os.environ["GPU_CHECK_FIXTURES"]
     # Kernel compilation (attention) is CPU work, the checkpoints GPU and disk work: overlap.
-    shaped = run.start("checkpoints", [sys.executable, "scripts/make_shaped_checkpoints.py",
-                                       str(WORK / "shaped"), "--device", "cuda"])  # fmt: skip
+    shaped = run.start("checkpoints", module("checkpoints"))
     attention = run.start("attention", module("attention"))
-    run.finish(attention, 300)
-    run.finish(shaped, 240)
-    run.step("engines", [*module("engines"), fixtures], 200)
-    run.step("mps", module("mps"), 150)
-    run.step("throughput", module("throughput"), 200)
-    run.step("pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "tests/test_flashinfer.py"], 120)  # fmt: skip
+    run.finish(shaped, 120)
+    run.finish(attention, 240)
+    run.step("engines", 90)
+    run.step("mps", 120)
+    run.step("memory", 60)
+    run.step("throughput", 120)
     run.save()
     failed = [k for k, v in run.results.items() if isinstance(v, dict) and not v.get("ok")]
     log(f"done: {'ALL PASS' if not failed else 'FAILED: ' + ', '.join(failed)}")

@@ -1,13 +1,18 @@
-"""The daemon under managed MPS (`mps: required`): both engines must be MPS clients.
+"""The routed pair through the daemon under managed MPS (`mps: required`), token-exact.
 
     python -m gpucheck.mps OUT.json
 
 Finds nvidia-cuda-mps-control (PATH, the driver's folders, else the Debian package
-scripts/gpu_check_prepare.sh carried in .gpu/mps), starts `tokenrouterd` with two
-engines of the 0.6B-shaped checkpoint, serves one completion, then asks NVML (MPS
-client processes), nvidia-smi (compute apps) and the control daemon (client list) which
-processes use the GPU: each engine's pid must be among NVML's or nvidia-smi's. Stops the
-daemon and checks that the MPS control daemon went with it.
+scripts/gpu_check_prepare.sh carried in .gpu/mps; the daemon refuses one of another
+driver branch, saying so), starts `tokenrouterd` with the shaped pair (0.6B-shaped entry,
+8B-shaped large) and the scripted schedule of routing.py, and sends the routed workload
+as completions with token-id prompts, four at a time, through HTTP. Every answer's token
+ids must equal the ones the shaped weights make under that schedule (routing.py
+`expected_tokens`: computed, no model runs for it). Then NVML (MPS client processes),
+nvidia-smi (compute apps) and the control daemon (client list) say which processes use
+the GPU: each engine (the daemon's children, found with psutil) must be among NVML's or
+nvidia-smi's. Stops the daemon and checks that the MPS control daemon went with it.
+The dry run serves the same on the CPU without MPS.
 """
 
 from __future__ import annotations
@@ -16,22 +21,35 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
-from gpucheck.common import SHAPED, dump, log
+from gpucheck.common import DEVICE, DRY_RUN, DTYPE, dump, first_mismatch, log, model_path
+from gpucheck.routing import SCHEDULE, expected_tokens, jobs
+from trd.protocol import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 CANDIDATES = ["/usr/local/nvidia/bin", "/usr/bin", "/usr/sbin", "/usr/local/bin",
               str(REPO / ".gpu/mps/root/usr/bin")]  # fmt: skip
-PORT = 18231
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+PORT, ADMIN = free_port(), free_port()
 
 
 def find_control() -> Path | None:
@@ -43,13 +61,13 @@ def find_control() -> Path | None:
 
 
 def config() -> dict[str, Any]:
-    model = str(SHAPED["small"])
     return {
-        "listen": f"127.0.0.1:{PORT}", "admin": f"127.0.0.1:{PORT + 1}", "device": "cuda",
-        "mps": "required", "memory": {"budget_gib": 24}, "max_model_len": 4096,
-        "models": [{"name": "small", "path": model, "dtype": "bfloat16"},
-                   {"name": "large", "path": model, "dtype": "bfloat16"}],
-        "policy": {"name": "scripted", "schedule": [0, 1]}, "shutdown": {"grace_s": 5},
+        "listen": f"127.0.0.1:{PORT}", "admin": f"127.0.0.1:{ADMIN}", "device": DEVICE,
+        "mps": "off" if DRY_RUN else "required", "memory": {"budget_gib": 24},
+        "max_model_len": 4096,
+        "models": [{"name": "small", "path": str(model_path("small")), "dtype": DTYPE},
+                   {"name": "large", "path": str(model_path("large")), "dtype": DTYPE}],
+        "policy": {"name": "scripted", "schedule": SCHEDULE}, "shutdown": {"grace_s": 1},
     }  # fmt: skip
 
 
@@ -63,10 +81,9 @@ def http(path: str, body: dict[str, Any] | None = None, timeout: float = 5) -> A
 
 def engine_pids(pid: int) -> list[int]:
     """The daemon's engine processes: its multiprocessing children (not the resource
-    tracker, which multiprocessing also starts), spawned from whichever of its threads."""
-    tasks = Path(f"/proc/{pid}/task").iterdir()
-    kids = [int(c) for t in tasks for c in (t / "children").read_text().split()]
-    return [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    tracker, which multiprocessing also starts)."""
+    kids = psutil.Process(pid).children()
+    return [k.pid for k in kids if any("spawn_main" in a for a in k.cmdline())]
 
 
 def mps_clients(control: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -104,17 +121,18 @@ def mps_clients(control: Path, env: dict[str, str]) -> dict[str, Any]:
 
 def main() -> None:
     out_path = sys.argv[1]
-    control = find_control()
+    control = None if DRY_RUN else find_control()
     result: dict[str, Any] = {"control": str(control) if control else None}
-    if control is None:
+    if control is None and not DRY_RUN:
         dump(out_path, {"ok": False, **result, "error": "no nvidia-cuda-mps-control binary"})
         return
     log(f"MPS control binary: {control}")
     work = Path(tempfile.mkdtemp(prefix="trdmps-", dir="/tmp"))
     (work / "config.yaml").write_text(yaml.safe_dump(config()))
-    server_dirs = [str(control.parent), str(control.parent.parent / "sbin")]
-    env = {**os.environ, "RUNTIME_DIRECTORY": str(work),
-           "PATH": os.pathsep.join([*server_dirs, os.environ.get("PATH", "")])}  # fmt: skip
+    path = os.environ.get("PATH", "")
+    if control is not None:  # the server binary sits next to the control binary
+        path = os.pathsep.join([str(control.parent), str(control.parent.parent / "sbin"), path])
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(work), "PATH": path}
     logf = (work / "daemon.log").open("w")
     daemon = subprocess.Popen([sys.executable, "-m", "trd.daemon", "--config",
                                str(work / "config.yaml")], env=env, stdout=logf,
@@ -138,30 +156,50 @@ def main() -> None:
     dump(out_path, result)
 
 
-def serve_and_look(
-    daemon: subprocess.Popen[bytes], control: Path, env: dict[str, str]
-) -> dict[str, Any]:
+def wait_serving(daemon: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 150
     while True:
         if daemon.poll() is not None:
             raise RuntimeError(f"the daemon exited with {daemon.returncode} while starting")
         try:
             if http("/health").get("status") == "ok":
-                break
+                return
         except OSError:
             pass
         if time.monotonic() > deadline:
             raise TimeoutError("the daemon was not serving after 150 s")
-        time.sleep(1)
-    model = http("/v1/models")["data"][0]["id"]
-    body = {"model": model, "prompt": "hello world", "max_tokens": 16}
-    answer = http("/v1/completions", body, timeout=60)
-    engines = engine_pids(daemon.pid)
-    seen = mps_clients(control, env)
+        time.sleep(0.5)
+
+
+def routed(model: str) -> tuple[list[list[int]], list[list[int]]]:
+    """The routed workload's token ids as served, and as the shaped weights make them."""
+
+    def one(job: tuple[list[int], SamplingParams]) -> list[int]:
+        prompt, params = job
+        body = {"model": model, "prompt": prompt, "max_tokens": params.max_tokens,
+                "ignore_eos": True, "temperature": 0, "return_token_ids": True}  # fmt: skip
+        return list(http("/v1/completions", body, timeout=60)["choices"][0]["token_ids"])
+
+    work = jobs(4 if DRY_RUN else 12)
+    with ThreadPoolExecutor(4) as pool:
+        served = list(pool.map(one, work))
+    return served, [expected_tokens(p, sp.max_tokens, SCHEDULE) for p, sp in work]
+
+
+def serve_and_look(
+    daemon: subprocess.Popen[bytes], control: Path | None, env: dict[str, str]
+) -> dict[str, Any]:
+    wait_serving(daemon)
+    served, want = routed(http("/v1/models")["data"][0]["id"])
+    result: dict[str, Any] = {"tokens_exact": served == want,
+                              "mismatch": first_mismatch(served, want)}  # fmt: skip
+    result["engines"] = engines = engine_pids(daemon.pid)
+    if control is None:
+        return {**result, "ok": result["tokens_exact"] and len(engines) == 2}
+    result["seen"] = seen = mps_clients(control, env)
     listed = set(seen.get("nvml_mps", [])) | set(seen.get("nvidia_smi_pids", []))
     clients = all(pid in listed for pid in engines) and len(engines) == 2
-    return {"completion": answer.get("choices", [{}])[0].get("text"), "engines": engines,
-            "seen": seen, "ok": clients}  # fmt: skip
+    return {**result, "mps_clients": clients, "ok": clients and result["tokens_exact"]}
 
 
 if __name__ == "__main__":

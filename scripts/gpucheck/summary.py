@@ -1,59 +1,68 @@
-"""The one-page text summary of a GPU check's results (gpu_check.json)."""
+"""The one-page text summary of a GPU check's results (gpu_check.json), rewritten after
+every stage: the first line is the verdict so far."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def summary(results: dict[str, Any]) -> str:
-    lines = [f"GPU check: {results.get('status', '')}".rstrip()]
+def verdict(results: dict[str, Any], stages: tuple[str, ...]) -> str:
+    """PASS (every stage ran and passed), FAIL naming the failed stages, or INCOMPLETE
+    naming the last stage that ended (a run cut off, or still running)."""
+    done = [s for s in stages if isinstance(results.get(s), dict)]
+    failed = [s for s in done if not results[s].get("ok")]
+    if failed:
+        return f"FAIL: {', '.join(failed)} ({len(done)} of {len(stages)} stages ended)"
+    if len(done) == len(stages):
+        return f"PASS: all {len(stages)} stages"
+    last = done[-1] if done else "none"
+    return f"INCOMPLETE: {len(done)} of {len(stages)} stages passed, last {last}"
+
+
+def summary(results: dict[str, Any], stages: tuple[str, ...]) -> str:
+    status = results.get("status") or verdict(results, stages)
+    lines = [f"{status}\nGPU check{' (dry run, CPU)' if _dry(results) else ''}"]
     for name, r in results.items():
         if not isinstance(r, dict):
             continue
-        verdict = "PASS" if r.get("ok") else "FAIL"
-        lines.append(f"\n[{verdict}] {name} ({r.get('seconds', '?')} s) {r.get('error', '')}")
+        mark = "PASS" if r.get("ok") else "FAIL"
+        lines.append(f"\n[{mark}] {name} ({r.get('seconds', '?')} s) {r.get('error', '')}")
         lines += _details(name, r)
     return "\n".join(lines) + "\n"
+
+
+def _dry(results: dict[str, Any]) -> bool:
+    return bool(results.get("versions", {}).get("dry_run"))
 
 
 def _details(name: str, r: dict[str, Any]) -> list[str]:
     if name == "versions":
         keys: tuple[str, ...] = (
-            "device", "compute_capability", "nvidia_smi", "torch", "torch_cuda", "nvcc",
-            "flashinfer", "mps_control", "kernel",
+            "device", "compute_capability", "nvidia_smi", "driver", "python", "torch",
+            "torch_cuda", "nvcc", "ninja", "flashinfer", "mps_control", "mps_binary_versions",
+            "kernel",
         )  # fmt: skip
         return [f"  {k}: {r.get(k)}" for k in keys if k in r]
     if name == "attention":
-        return [
+        out = [f"  compile s per head_dim: {r.get('compile_s')}; head_dim 32 gets: "
+               f"{r.get('head_dim_32_backend')}"]  # fmt: skip
+        return out + [
             f"  {c['case']:15} {c['heads']!s:14} "
             + (f"out {c['out_err']:.2e}  kv {c['kv_err']:.1e}" if "out_err" in c else c["error"])
             + ("" if c["ok"] else "   <-- FAIL")
             for c in r.get("cases", [])
         ]
-    if name == "engines":
-        out = [f"  float32 on CUDA refused: {r.get('float32_refused')}"]
-        for pair in ("fixtures", "shaped"):
-            e = r.get(pair, {})
-            out.append(f"  {pair}: graphs on == off: {e.get('equal')} {e.get('mismatch', '')}"
-                       f"{e.get('error', '')}")  # fmt: skip
-            if "as_designed" in e:
-                out.append(f"  {pair}: tokens as the weights make them: {e['as_designed']} "
-                           f"{e.get('design_mismatch', '')}")  # fmt: skip
-            for key in ("step_ms_graphs_True", "step_ms_graphs_False"):
-                for model, ms in e.get(key, {}).items():
-                    out.append(f"  step ms {model:20} graphs {key[-5:].strip('_'):5} {ms}")
-            if "memory" in e:
-                out.append(f"  memory: {e['memory']}")
-        return out
     if name == "throughput":
-        out = []
-        for g in ("graphs_on", "graphs_off"):
-            for n, row in r.get(g, {}).items():
-                out.append(f"  {g:10} N={n:>7}: {row}")
-        out.append(f"  official-style loop: {r.get('official')}; "
-                   f"tokens equal: {r.get('tokens_equal_official')}")  # fmt: skip
-        return out
-    if name == "mps":
-        keys = ("control", "completion", "engines", "seen", "daemon_exit", "mps_dir_removed")
-        return [f"  {k}: {r.get(k)}" for k in keys if k in r]
-    return []
+        return [f"  {g:10} N={n:>7}: {row}" for g in ("graphs_on", "graphs_off")
+                for n, row in r.get(g, {}).items()]  # fmt: skip
+    keys = {
+        "checkpoints": ("models",),
+        "engines": ("float32_refused", "equal", "mismatch", "as_designed", "design_mismatch",
+                    "graphs_on", "graphs_off"),
+        "mps": ("control", "tokens_exact", "mismatch", "engines", "mps_clients", "seen",
+                "daemon_exit", "mps_dir_removed"),
+        "memory": ("nvml_mib", "planned_mib", "nvml_within_plan", "pool_mib",
+                   "planned_graphs_mib", "pool_within_plan", "reserved_mib",
+                   "outside_torch_mib", "planned_outside_mib", "dry_run"),
+    }.get(name, ())  # fmt: skip
+    return [f"  {k}: {r.get(k)}" for k in keys if k in r]
