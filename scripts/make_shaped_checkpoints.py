@@ -1,6 +1,7 @@
 """Random-weight checkpoints with the exact shapes of Qwen3-0.6B and Qwen3-8B.
 
     python scripts/make_shaped_checkpoints.py DEST [--models 0.6b,8b] [--device cuda]
+                                              [--layers N]
 
 Writes DEST/qwen3-0.6b-shaped/ and DEST/qwen3-8b-shaped/: config.json, sharded bf16
 safetensors with model.safetensors.index.json, the tokenizer. Each tensor is made, cast
@@ -11,7 +12,10 @@ Shapes: Qwen's published config.json of each model (head_dim 128, GQA 16/8 and 3
 qk-norm, vocab 151936, rope_theta 1e6, context 40960; 0.6B ties its LM head to the
 embedding, 8B does not): 596,049,920 and 8,190,735,360 parameters.
 
-Tokenizer: both share the fixture tokenizer of trd/tinymodels (2048 ids, EOS 0; the
+`--layers N` keeps every published size but the depth (the GPU check writes 2 layers of
+each, in seconds: enough for the kernels, the graphs and the memory plan).
+
+Tokenizer: both share the fixture tokenizer of trd/testing/tinymodels (2048 ids, EOS 0; the
 checkpoints' eos_token_id is set to it). Its ids are a prefix of the 151936 embedding
 rows, as Qwen's own 151669 tokens are; the rows past it are never produced by it.
 
@@ -28,6 +32,7 @@ so a routed response shows which model made each position.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import zlib
@@ -148,10 +153,14 @@ def main() -> None:
     ap.add_argument("--models", default="0.6b,8b", help="comma-separated: 0.6b, 8b")
     ap.add_argument("--device", default="cpu", help="where to draw the numbers (cpu, cuda)")
     ap.add_argument("--shard-mib", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=0, help="layers of each (0: published)")
     args = ap.parse_args()
     for key in args.models.split(","):
-        path = write_checkpoint(SHAPES[key], args.dest, args.device, args.shard_mib << 20)
-        print(f"{path}: {SHAPES[key].num_params():,} parameters")
+        shape = SHAPES[key]
+        if args.layers:
+            shape = dataclasses.replace(shape, layers=args.layers)
+        path = write_checkpoint(shape, args.dest, args.device, args.shard_mib << 20)
+        print(f"{path}: {shape.num_params():,} parameters")
 
 
 if __name__ == "__main__":
