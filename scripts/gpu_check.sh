@@ -7,7 +7,8 @@
 #   checkpoints  the shaped pair: Qwen3-0.6B and -8B shapes, 2 layers each (seconds)
 #   attention    flashinfer vs the torch backend on a float32 copy: decode, prefill,
 #                extend on existing KV, mixed, full last pages; heads (16,8,128),
-#                (32,8,128), (40,8,128), (28,4,128), (14,2,64); head_dim 32 gets torch.
+#                (32,8,128), (40,8,128), (28,4,128), (12,2,128), (14,2,64); head_dim 32
+#                gets torch.
 #                Compiles the two kernel modules used (head_dim 64, 128) at once; every
 #                later stage reuses them (one FLASHINFER_WORKSPACE_BASE)
 #   engines      one engine, graphs on vs off: token-exact, and the designed tokens

@@ -4,7 +4,8 @@ The cases the GPU review lists, on page size 16 with shuffled page tables: decod
 prefill from empty, extend on existing KV (start 37, 5 new), decode mixed with extends,
 full last pages; for (heads, KV heads, head dim) of the published shapes: Qwen3-0.6B
 (16, 8, 128) and -8B (32, 8, 128), the shaped pair's; Qwen3-14B (40, 8, 128), ratio 5;
-Qwen2.5-7B (28, 4, 128), ratio 7; Qwen2.5-0.5B (14, 2, 64), head_dim 64. The reference
+Qwen2.5-7B (28, 4, 128), ratio 7; Qwen2.5-1.5B (12, 2, 128), ratio 6; Qwen2.5-0.5B
+(14, 2, 64), head_dim 64 (the last two: the Qwen2.5-Coder pair's). The reference
 is the torch backend on a float32 copy of the same data. Every case is run and printed;
 none stops the others. Head dims below 64 have no flashinfer kernels: that such a model
 gets the torch backend is checked instead.
@@ -33,7 +34,7 @@ from trd.engines.attention.torch_paged import TorchPagedAttention
 from trd.models.checkpoint import ModelConfig
 
 PAGE = 16
-HEADS = [(16, 8, 128), (32, 8, 128), (40, 8, 128), (28, 4, 128), (14, 2, 64)]
+HEADS = [(16, 8, 128), (32, 8, 128), (40, 8, 128), (28, 4, 128), (12, 2, 128), (14, 2, 64)]
 # name: (new tokens per request, tokens already cached per request)
 CASES = {
     "decode": ([1, 1, 1, 1], [37, 5, 100, 0]),
