@@ -39,6 +39,7 @@ import torch
 from gguf import GGMLQuantizationType, ReaderTensor
 from gguf.quants import dequantize
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from trd.models.gguf_meta import GGUFImportError, GGUFMeta
 from trd.models.gguf_tokenizer import save_tokenizer
@@ -171,7 +172,9 @@ def _weights(
 ) -> dict[str, torch.Tensor]:
     heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
     out: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
+    progress = tqdm(tensors.items(), desc=f"dequantising {meta.src.name}", unit=" tensors",
+                    mininterval=2)  # fmt: skip
+    for name, t in progress:
         w = dequantize(t.data, t.tensor_type)  # float32, shape (out, in): HF's layout
         kind = name.split(".")[-2]
         if meta.arch == "llama" and kind in heads:
