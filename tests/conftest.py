@@ -1,10 +1,11 @@
 """Shared fixtures: the tiny fixture models, built once into the repo's .cache/ folder.
 
-The demo pair (tests marked `demo_pair`) takes minutes to build on a fresh checkout, so
-a run that collects such tests starts building it at once in a niced background process
-and runs those tests last: the build uses the core the other tests leave idle, and
-`ensure_demo_pair` in their fixtures waits on the cache's lock until it is done (or
-builds in the foreground, with its real error, if the background build failed).
+The demo pair (tests marked `demo_pair`: Qwen2.5-Coder 0.5B + 1.5B, joined from the
+`demo` extra's GGUF parts and imported in bfloat16) takes a few minutes to import on a
+fresh checkout, so a run that collects such tests starts importing it at once in a niced
+background process and runs those tests last: the import uses the core the other tests
+leave idle, and `ensure_demo_pair` in their fixtures waits on the cache's lock until it
+is done (or imports in the foreground, with its real error, if the background one failed).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not demo or config.option.collectonly:
         return
     items[:] = [item for item in items if item not in demo] + demo
-    code = f"import trd.demo.pair as p; p.ensure_demo_pair('smollm2', {str(CACHE_DIR)!r})"
+    code = f"import trd.demo.pair as p; p.ensure_demo_pair('qwen', {str(CACHE_DIR)!r})"
     CACHE_DIR.mkdir(exist_ok=True)
     with (CACHE_DIR / "demo-pair-build.log").open("wb") as log:
         _build = subprocess.Popen(

@@ -159,9 +159,9 @@ def launch_daemon(
     return Daemon(proc, yaml.safe_load(config_path.read_text()), log_path, config_path)
 
 
-def wait_serving(daemon: Daemon) -> Daemon:
+def wait_serving(daemon: Daemon, timeout: float = START_TIMEOUT_S) -> Daemon:
     try:
-        daemon.wait_ready(START_TIMEOUT_S)
+        daemon.wait_ready(timeout)
     except BaseException:
         daemon.stop()
         raise

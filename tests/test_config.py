@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -192,6 +193,10 @@ def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, 
     )  # fmt: skip
     held = Config.demo(pair, 9000, large_share=0.7)
     assert held.policy.params == {"threshold": RSTITCH_TAU["tiny"], "target_large_share": 0.7}
+    assert [m.dtype for m in cfg.models] == ["float32", "float32"]
+    # The pair says the dtype it is served in: the Qwen demo pair's bfloat16 checkpoints.
+    served = Config.demo(dataclasses.replace(pair, dtype="bfloat16"), 9000)
+    assert [m.dtype for m in served.models] == ["bfloat16", "bfloat16"]
 
 
 def test_demo_large_share_is_checked(capsys: pytest.CaptureFixture[str]) -> None:

