@@ -9,9 +9,13 @@ through in-memory inboxes. Writes a Markdown report (table + answers), prints th
 
     .venv/bin/python scripts/demo_quality.py [--tau 0.5] [--out docs/demo.md]
     .venv/bin/python scripts/demo_quality.py --find-tau 0.25   # bisect tau for a share
+    .venv/bin/python scripts/demo_quality.py --unsure          # the small model's entropies
 
 --find-tau bisects the threshold that gives the large model the requested share of the
-output tokens on a separate set of chat and code questions, and prints it.
+output tokens on a separate set of chat and code questions, and prints it. --unsure is
+its one-pass estimate: the small model answers those questions alone (greedy, up to its
+end of turn) and, per tau, the share of its positions whose normalised entropy is above
+tau (R-Stitch hands those to the large model, which keeps the request while unsure).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from trd.demo.pair import DTYPE, RSTITCH_TAU, ensure_demo_pair
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.frontend.tokens import PromptEncoder
+from trd.policies.base import normalized_entropy
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.supervisor.generation import Generation
@@ -107,6 +112,27 @@ def find_tau(
         print(f"tau {tau:.4f}: large share {got:.1%}", flush=True)
         low, high = (tau, high) if got > share else (low, tau)
     return (low + high) / 2
+
+
+UNSURE_TAUS = (0.02, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2)
+
+
+def unsure(small: Path) -> None:
+    """Print, per tau, the share of the small model's greedy positions with H > tau."""
+    prompts = chat_prompts(small, TUNING_QUESTIONS)
+    engine = Engine(EngineSpec.of(small, dtype=DTYPE_SERVED, kv_tokens=KV_TOKENS))
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    rows: list[torch.Tensor] = []
+    for p in prompts:
+        engine.add_request(p, params)
+    while (step := engine.forward()) is not None:
+        rows.append(normalized_entropy(step.forward.logits.float()))
+        for req, token in zip(step.requests, step.tokens, strict=True):
+            engine.commit(req, [token])
+    h = torch.cat(rows)
+    print(f"{len(h)} positions of {len(prompts)} answers, {DTYPE_SERVED}")
+    for tau in UNSURE_TAUS:
+        print(f"tau {tau:.2f}: the small model is unsure at {(h > tau).float().mean():.1%}")
 
 
 @torch.inference_mode()
@@ -211,6 +237,7 @@ def main() -> None:
     ap.add_argument("--large", type=Path, help="large model folder (default: the demo pair's)")
     ap.add_argument("--tau", type=float, default=RSTITCH_TAU["qwen"], help="R-Stitch threshold")
     ap.add_argument("--find-tau", type=float, metavar="SHARE", help="bisect tau for this share")
+    ap.add_argument("--unsure", action="store_true", help="the small model's entropies, per tau")
     ap.add_argument("--iterations", type=int, default=7, help="--find-tau: bisection steps")
     ap.add_argument("--between", type=float, nargs=2, default=(0.0, 1.0), metavar=("LOW", "HIGH"),
                     help="--find-tau: the range to bisect (default: 0 1)")  # fmt: skip
@@ -220,6 +247,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     paths = ensure_demo_pair().models if args.small is None or args.large is None else {}
     paths = {"small": args.small or paths["small"], "large": args.large or paths["large"]}
+    if args.unsure:
+        unsure(paths["small"])
+        return
     if args.find_tau is not None:
         tau = find_tau(
             [paths["small"], paths["large"]], args.find_tau, args.iterations, args.between

@@ -74,6 +74,18 @@ def hf_logits(path: Path, dtype: str, run: Run) -> torch.Tensor:
     return torch.stack(rows)
 
 
+@torch.no_grad()
+def hf_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
+    """transformers' greedy tokens after prompt, one per call on its KV cache."""
+    ids, past, out_tokens = torch.tensor([prompt]), None, []
+    for _ in range(steps):
+        out = model(ids, cache=past, use_cache=True)
+        past, token = out.cache, int(out.logits[0, -1].argmax())
+        out_tokens.append(token)
+        ids = torch.tensor([[token]])
+    return out_tokens
+
+
 def max_diff(path: Path, dtype: str, runs: list[Run]) -> float:
     """The largest |ours - transformers'| over every run's logits (the real vocabulary)."""
     worst = 0.0

@@ -38,8 +38,10 @@ FIBONACCI = (
     "Write a Python function fib(n) that returns the n-th Fibonacci number, with fib(0) = 0"
     " and fib(1) = 1. Reply with the code only."
 )
+# Where the 0.5B is unsure (normalised entropy above tau), so the large model writes.
+HASH_MAP = "Explain what a hash map is in two sentences."
 # (question, tokens the reference loop makes): what the daemon's answers start with.
-ORACLE = ((FRANCE, 24), (FIBONACCI, 32))
+ORACLE = ((FRANCE, 24), (HASH_MAP, 32))
 CHECK_FIB = "\nassert [fib(n) for n in range(12)] == [0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89]\n"
 
 
@@ -101,9 +103,9 @@ def prompt_tokens(pair: DemoPair, question: str) -> int:
 
 def ask(
     client: OpenAI, pair: DemoPair, oracle: dict[str, Trace], question: str, max_tokens: int
-) -> str:
-    """The answer, checked: usage exact, both models wrote, the stream says the same, and
-    its first tokens and their producers are the reference loop's."""
+) -> tuple[str, dict[str, int]]:
+    """The answer and the tokens each model wrote, checked: usage exact, the stream says
+    the same, and its first tokens and their producers are the reference loop's."""
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": question}]
     resp = client.chat.completions.create(
         model="small+large", messages=messages, max_tokens=max_tokens, temperature=0,
@@ -117,10 +119,9 @@ def ask(
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     counts = (resp.model_extra or {})["tokens_per_model"]
     assert sum(counts.values()) == resp.usage.completion_tokens
-    assert counts["small"] > 0 and counts["large"] > 0, counts  # both models wrote
-    trace = oracle[question]
-    assert extra["token_ids"][: len(trace.tokens)] == trace.tokens
-    if len(trace.tokens) == len(extra["token_ids"]):  # the whole answer: producers too
+    if question in oracle:  # the reference loop's answer, token for token, producers too
+        trace = oracle[question]
+        assert extra["token_ids"] == trace.tokens
         assert counts == {"small": trace.models.count(0), "large": trace.models.count(1)}
 
     stream = client.chat.completions.create(
@@ -138,18 +139,18 @@ def ask(
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
         resp.usage.prompt_tokens, resp.usage.completion_tokens, resp.usage.total_tokens,
     )  # fmt: skip
-    return text
+    return text, counts
 
 
 def test_demo_answers_paris(demo: Daemon, pair: DemoPair, oracle: dict[str, Trace]) -> None:
-    text = ask(demo.client(timeout=300), pair, oracle, FRANCE, max_tokens=24)
-    assert "Paris" in text, text
+    text, _ = ask(demo.client(timeout=300), pair, oracle, FRANCE, max_tokens=24)
+    assert "Paris" in text, text  # the 0.5B is sure of all 8 tokens: the large writes none
 
 
 def test_demo_writes_a_fibonacci_function_that_runs(
     demo: Daemon, pair: DemoPair, oracle: dict[str, Trace]
 ) -> None:
-    text = ask(demo.client(timeout=300), pair, oracle, FIBONACCI, max_tokens=160)
+    text, _ = ask(demo.client(timeout=300), pair, oracle, FIBONACCI, max_tokens=160)
     blocks = re.findall(r"```(?:python)?\n(.*?)```", text, re.DOTALL)
     code = blocks[0] if blocks else text
     # The model's code runs in its own interpreter, with a time limit.
@@ -157,3 +158,10 @@ def test_demo_writes_a_fibonacci_function_that_runs(
         [sys.executable, "-I", "-c", code + CHECK_FIB], capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 0, f"{text}\n---\n{done.stderr}"
+
+
+def test_demo_routes_where_the_small_model_is_unsure(
+    demo: Daemon, pair: DemoPair, oracle: dict[str, Trace]
+) -> None:
+    _, counts = ask(demo.client(timeout=300), pair, oracle, HASH_MAP, max_tokens=32)
+    assert counts["small"] > 0 and counts["large"] > 0, counts  # both models wrote

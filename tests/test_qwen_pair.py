@@ -22,7 +22,7 @@ from trd.engines.spec import EngineSpec
 from trd.frontend.tokens import PromptEncoder
 from trd.protocol import SamplingParams
 
-from hf_compare import engine_runs, hf_logits, load_hf
+from hf_compare import engine_runs, hf_greedy, hf_logits, load_hf
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.demo_pair]
@@ -81,11 +81,4 @@ def test_small_greedy_matches_transformers_in_float64(
     gc.collect()
     ref = load_hf(path, "float64")
     for prompt, tokens in zip(prompts, ours, strict=True):
-        ids, past, expected = torch.tensor([prompt]), None, []
-        with torch.no_grad():
-            for _ in range(GREEDY_TOKENS):
-                out = ref(ids, cache=past, use_cache=True)
-                past, token = out.cache, int(out.logits[0, -1].argmax())
-                expected.append(token)
-                ids = torch.tensor([[token]])
-        assert tokens == expected
+        assert tokens == hf_greedy(ref, prompt, GREEDY_TOKENS)

@@ -19,6 +19,8 @@ from trd.engines.spec import EngineSpec
 from trd.frontend.stream import TextStream
 from trd.protocol import SamplingParams
 
+from hf_compare import hf_greedy
+
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 DECODE_STEPS = 64
 GREEDY_TOKENS = 48
@@ -109,14 +111,7 @@ def test_batched_greedy_matches_transformers_in_float64(
 ) -> None:
     ref = AutoModelForCausalLM.from_pretrained(large_model, dtype=torch.float64).eval()
     for prompt, ours in zip(chat_prompts, greedy64, strict=True):
-        ids, past, expected = torch.tensor([prompt]), None, []
-        with torch.no_grad():
-            for _ in range(GREEDY_TOKENS):
-                out = ref(ids, cache=past, use_cache=True)
-                past, token = out.past_key_values, int(out.logits[0, -1].argmax())
-                expected.append(token)
-                ids = torch.tensor([[token]])
-        assert ours == expected
+        assert ours == hf_greedy(ref, prompt, GREEDY_TOKENS)
 
 
 def test_streamed_text_is_exact_for_multibyte_characters(
