@@ -18,6 +18,7 @@ from typing import Any, Literal
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field
 
 from daemon_fixture import Daemon, start_daemon, write_config
@@ -32,7 +33,7 @@ SCHEMA = {
     "required": ["city", "population", "tags"],
     "additionalProperties": False,
 }
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -48,10 +49,10 @@ WEATHER = {
         },
     },
 }
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+TIME: dict[str, Any] = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
     "additionalProperties": False}}}  # fmt: skip
-ASK = [{"role": "user", "content": "Describe a city as JSON."}]
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Describe a city as JSON."}]
 MAX = 96
 
 
@@ -80,7 +81,7 @@ def chat(daemon: Daemon, stream: bool, **kw: Any) -> tuple[str, list[Any], str]:
         out = client.chat.completions.create(model=daemon.model, **kw)
         msg = out.choices[0].message
         return msg.content or "", list(msg.tool_calls or []), out.choices[0].finish_reason
-    text, calls, finish = "", [], ""
+    text, calls, finish = "", list[Any](), ""
     for chunk in client.chat.completions.create(model=daemon.model, stream=True, **kw):
         delta = chunk.choices[0].delta
         text += delta.content or ""
@@ -112,7 +113,7 @@ def test_regex_and_choice_on_completions(daemon: Daemon, stream: bool) -> None:
     for extra, pattern in asks:
         out = client.completions.create(model=daemon.model, prompt="The code is", max_tokens=MAX,
                                         stream=stream, extra_body=extra)  # fmt: skip
-        chunks = list(out) if stream else [out]
+        chunks: list[Any] = list(out) if stream else [out]  # type: ignore[call-overload]
         text = "".join(c.choices[0].text for c in chunks if c.choices)
         assert re.fullmatch(pattern, text), (extra, text)
 
