@@ -74,7 +74,7 @@ def test_a_template_without_tools_gets_them_in_qwens_words(encoder: PromptEncode
     assert "tools" not in str(encoder.hf.chat_template)
     call = {"id": "c1", "type": "function",
             "function": {"name": "add", "arguments": '{"a": 1}'}}  # fmt: skip
-    messages = [{"role": "user", "content": "add"},
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "add"},
                 {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "c1", "content": "1"}]  # fmt: skip
     ids = encoder.chat(messages, ChatTemplateArgs(tools=[FN]))
