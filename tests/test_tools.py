@@ -31,6 +31,9 @@ def test_auto_reads_qwen_tool_call_blocks() -> None:
     assert {c["function"]["name"] for c in calls} == {"add"} and calls[0]["id"] != calls[1]["id"]
     assert len(auto(parallel=False).calls(CALL + CALL)[1]) == 1
     assert auto().calls("no call here") == ("no call here", [])
+    bare = '{"name": "add", "arguments": {"a": 5}}'  # untagged, as Qwen2.5-Coder writes it
+    assert auto().calls(bare)[1][0]["function"] == {"name": "add", "arguments": '{"a": 5}'}
+    assert auto().calls('{"name": "sub", "arguments": {}}')[1] == []  # not a tool
     broken = "<tool_call>\n{not json}\n</tool_call>"
     assert auto().calls(broken) == (broken, [])  # not a call: the text is the answer
 
@@ -55,6 +58,8 @@ def test_a_stream_holds_back_what_may_be_a_call() -> None:
     assert plain.feed("a <b") == "a <b" and plain.finish() == ("", [])
     held = ToolStream(auto())
     assert held.feed("x <tool") == "x " and held.finish() == ("<tool", [])
+    obj = ToolStream(auto())
+    assert obj.feed('{"a": 1}') == "" and obj.finish() == ('{"a": 1}', [])
 
 
 @pytest.mark.parametrize(

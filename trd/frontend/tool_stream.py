@@ -13,8 +13,9 @@ from trd.frontend.tools import OPEN, Tools, finish_reason
 
 class ToolStream:
     """A streamed choice's text with the tool calls held back: "auto" sends the text
-    before the first <tool_call> (holding any end that may begin one), "required" and
-    named send no text; `finish` gives what is left to send and the calls."""
+    before the first <tool_call> (holding any end that may begin one, and a text that
+    starts as a JSON object), "required" and named send no text; `finish` gives what is
+    left to send and the calls."""
 
     def __init__(self, tools: Tools) -> None:
         self.tools, self.text, self.sent = tools, "", 0
@@ -24,8 +25,8 @@ class ToolStream:
         if self.tools.choice == "none":
             self.sent = len(self.text)
             return delta
-        if self.tools.choice != "auto":
-            return ""
+        if self.tools.choice != "auto" or self.text.lstrip().startswith("{"):
+            return ""  # no text, or maybe one untagged call: all of it held to the end
         cut = self.text.find(OPEN)
         if cut < 0:  # keep back an end that could be the start of <tool_call>
             cut = len(self.text) - next(

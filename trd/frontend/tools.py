@@ -4,7 +4,8 @@ the calls read back out of the model's text, in OpenAI's shapes.
     tool_choice  "none"      the template sees the tools; the text is the answer
                  "auto"      the template sees the tools; <tool_call>{"name": .., "arguments":
                              {..}}</tool_call> blocks in the text (Qwen's and Hermes' format)
-                             become message.tool_calls, the text before them the content
+                             become message.tool_calls, the text before them the content;
+                             so does a whole output that is one such object, untagged
                  "required"  the output is a JSON array [{"name": .., "parameters": {..}}, ..]
                              constrained to the tools' schemas (as vLLM does), read as calls
                  named       {"type": "function", "function": {"name": f}}: the output is f's
@@ -64,6 +65,8 @@ class Tools:
                 return None, [_call(c["name"], json.dumps(c["parameters"])) for c in items]
             except (ValueError, TypeError, KeyError):
                 return text, []  # cut off by max_tokens: the text as it is
+        if self.choice == "auto" and (bare := self._bare_call(text)) is not None:
+            return None, [bare]
         if self.choice == "auto" and OPEN in text:
             head, calls = text[: text.index(OPEN)], []
             for block in _CALL.findall(text):
@@ -74,6 +77,22 @@ class Tools:
                     return text, []  # not a call after all: the text is the answer
             return head.strip() or None, calls if self.parallel else calls[:1]
         return text, []
+
+    def _bare_call(self, text: str) -> dict[str, Any] | None:
+        """A whole output that is one {"name": a tool, "arguments": {..}} object without
+        the <tool_call> tags (Qwen2.5-Coder often leaves them out), as a call."""
+        if not text.lstrip().startswith("{"):
+            return None
+        try:
+            call = json.loads(text)
+        except ValueError:
+            return None
+        names = {s["function"]["name"] for s in self.specs}
+        if not (isinstance(call, dict) and call.keys() == {"name", "arguments"}):
+            return None
+        if call["name"] not in names or not isinstance(call["arguments"], dict):
+            return None
+        return _call(call["name"], json.dumps(call["arguments"]))
 
 
 def finish_reason(tools: Tools, calls: list[dict[str, Any]], reason: str) -> str:
