@@ -116,7 +116,12 @@ BAD = [  # (fields, status, param, message part)
     ({"presence_penalty": 0.5}, 400, "presence_penalty", "only null or 0 or 0.0"),
     ({"frequency_penalty": -1}, 400, "frequency_penalty", "only null or 0 or 0.0"),
     ({"logit_bias": {"5": 1}}, 400, "logit_bias", "only null or {}"),
-    ({"tools": [{"type": "function"}]}, 400, "tools", "only /v1/chat/completions calls tools"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+        "only /v1/chat/completions calls tools",
+    ),
     ({"min_p": 0.1}, 400, "min_p", "only null or 0 or 0.0"),
     ({"guided_json": {"type": "foo"}}, 400, "guided_json", "refuses it: Invalid type: foo"),
     ({"guided_choice": []}, 400, "guided_choice", "must be a non-empty list of strings"),

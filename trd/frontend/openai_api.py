@@ -156,9 +156,8 @@ def _gen(
 def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(CompletionRequest, body, vocab_size)
     check_model(req.model, served)
-    for name in ("tools", "tool_choice"):
-        if body.get(name) is not None:
-            raise bad(name, "only /v1/chat/completions calls tools")
+    if parse_tools(body.get("tools"), body.get("tool_choice")) is not None:
+        raise bad("tools", "only /v1/chat/completions calls tools")
     grammar = request_grammar(body, None)
     return _gen(
         req, COMPLETIONS_MAX_TOKENS, prompt=req.prompt, logprobs=req.logprobs, grammar=grammar
