@@ -7,8 +7,10 @@ without constraints, and the time per step spent on grammar masks.
 Runs the 50 tasks of `structured_tasks.py` `--n` at a time through the openai client,
 three passes: constrained (non-streamed, then streamed: each answer checked with
 jsonschema / the regex / the choices / the tools' schemas) and the same chat prompts
-unconstrained. Greedy. Prints one markdown table row per pass; the mask time comes from
-the engines' counters on /metrics (trd_engine_grammar_mask_seconds, trd_engine_steps).
+unconstrained, each made to write as many tokens as its constrained answer (ignore_eos),
+so the throughputs compare the same work. Greedy. Prints one markdown table row per
+pass; the mask time comes from the engines' counters on /metrics
+(trd_engine_grammar_mask_seconds, trd_engine_busy_seconds, trd_engine_steps).
 """
 
 from __future__ import annotations
@@ -37,11 +39,14 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
-def run(client: OpenAI, model: str, task: Task, constrained: bool, stream: bool) -> dict[str, Any]:
-    kw: dict[str, Any] = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0,
+def run(client: OpenAI, model: str, task: Task, stream: bool, length: int | None) -> dict[str, Any]:
+    """One task: constrained, or (`length` given) unconstrained with exactly that many
+    output tokens."""
+    kw: dict[str, Any] = {"model": model, "max_tokens": length or MAX_TOKENS, "temperature": 0,
                           "messages": [{"role": "user", "content": task.prompt}]}  # fmt: skip
-    extra = dict(task.extra) if constrained else {}
+    extra = dict(task.extra) if length is None else {}
     body = {"return_token_ids": True, **extra.pop("extra_body", {})}
+    body |= {} if length is None else {"ignore_eos": True}
     if not stream:
         out = client.chat.completions.create(**kw, **extra, extra_body=body)
         c = out.choices[0]
@@ -62,13 +67,20 @@ def run(client: OpenAI, model: str, task: Task, constrained: bool, stream: bool)
     return {"content": content or None, "calls": calls, "finish": finish, "models": models}
 
 
-def one_pass(args: argparse.Namespace, constrained: bool, stream: bool) -> str:
+def one_pass(
+    args: argparse.Namespace, stream: bool, lengths: list[int] | None
+) -> tuple[str, list[int]]:
+    """A table row, and each task's output length. With `lengths`: unconstrained, each task
+    writing as many tokens as its constrained answer had (ignore_eos), so the two passes'
+    throughputs compare the same work."""
     client = OpenAI(base_url=f"{args.url}/v1", api_key="unused", timeout=3600)
     model = client.models.list().data[0].id
-    work = tasks()
+    work, constrained = tasks(), lengths is None
+    caps: list[int | None] = list(lengths) if lengths else [None] * len(work)
+    todo = list(zip(work, caps, strict=True))
     before, start = counters(args.url), time.perf_counter()
     with ThreadPoolExecutor(args.n) as pool:
-        outs = list(pool.map(lambda t: run(client, model, t, constrained, stream), work))
+        outs = list(pool.map(lambda tl: run(client, model, tl[0], stream, tl[1]), todo))
     wall, after = time.perf_counter() - start, counters(args.url)
     tokens = sum(len(o["models"]) for o in outs)
     large = sum(m != "small" for o in outs for m in o["models"])
@@ -80,9 +92,10 @@ def one_pass(args: argparse.Namespace, constrained: bool, stream: bool) -> str:
     kinds = " ".join(f"{k} {by_kind[k]}/{sum(t.kind == k for t in work)}"
                      for k in ("json", "regex", "choice", "tool"))  # fmt: skip
     shown = f"{sum(valid)}/{len(work)} ({kinds})" if constrained else "-"
-    return (f"| {args.label} | {'yes' if constrained else 'no'} | {'yes' if stream else 'no'} "
+    row = (f"| {args.label} | {'yes' if constrained else 'no'} | {'yes' if stream else 'no'} "
             f"| {args.n} | {shown} | {100 * large / max(tokens, 1):.1f}% | {tokens} "
             f"| {tokens / wall:.2f} | {step_ms:.0f} | {mask_ms:.2f} |")  # fmt: skip
+    return row, [max(1, len(o["models"])) for o in outs]
 
 
 def main() -> None:
@@ -97,8 +110,11 @@ def main() -> None:
         "| step ms | mask ms/step |\n|---|---|---|---|---|---|---|---|---|---|",
         flush=True,
     )
+    lengths: list[int] = []
     for name in args.passes.split(","):
-        print(one_pass(args, name != "unconstrained", name == "streamed"), flush=True)
+        row, got = one_pass(args, name == "streamed", lengths if name == "unconstrained" else None)
+        lengths = lengths or got
+        print(row, flush=True)
 
 
 if __name__ == "__main__":
