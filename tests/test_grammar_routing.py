@@ -4,7 +4,8 @@ The grammar masks the logits on every engine before sampling and before the poli
 matcher of a request follows it from engine to engine by its committed tokens. Engines
 wired in one process (random interleavings, duplicated and reordered messages) must give
 exactly the reference loop's constrained tokens, producers and finishes, with 1, 4 and
-16 requests at once, for each policy and for 3 models; and every output is valid.
+16 requests at once, for each policy (the learned ones with random heads) and for 3
+models; and every output is valid.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from grammar_cases import assert_valid, constrained_jobs
 from inprocess_wiring import Wiring, assert_matches, run_all
 from routing_cases import MODEL_SETS, reference
 from test_routing_inprocess import CASES
+from test_routing_processes import cases as head_cases
+from test_routing_processes import heads  # noqa: F401  (the fixture: random router heads)
 
 CONCURRENCY = [1, 4, 16]
 
@@ -39,6 +42,28 @@ def test_constrained_routing_matches_the_reference(
         assert trace.finish is FinishReason.STOP
         assert_valid(paths[0], grammar, trace.tokens)
     wiring = Wiring(paths, policy, params, seed=n + n_models)
+    run_all(wiring, work[:n])
+    assert_matches(wiring, expected)
+
+
+GATED = ["citer", "r2r", "collm"]
+
+
+@pytest.mark.parametrize("n", [1, 16])
+@pytest.mark.parametrize("policy", GATED)
+def test_gated_constrained_routing_matches_the_reference(
+    tiny_models: dict[str, Path], request: pytest.FixtureRequest, policy: str, n: int
+) -> None:
+    """The router heads read masked logits too (citer's and r2r's top log-probabilities,
+    where a grammar forbids most tokens)."""
+    files = request.getfixturevalue("heads")  # the imported fixture
+    params = next(p for name, p, _ in head_cases(files) if name == policy)
+    paths = [tiny_models[m] for m in MODEL_SETS[2]]
+    work = [job for job, _ in constrained_jobs(paths[0])]
+    expected = reference(paths, policy, params, work)[:n]
+    assert all(t.finish is FinishReason.STOP for t in expected)
+    assert any(m == 1 for t in expected for m in t.models)  # the large model takes turns
+    wiring = Wiring(paths, policy, params, seed=n)
     run_all(wiring, work[:n])
     assert_matches(wiring, expected)
 
