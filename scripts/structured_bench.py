@@ -41,10 +41,12 @@ def counters(url: str) -> dict[str, float]:
 
 def run(client: OpenAI, model: str, task: Task, stream: bool, length: int | None) -> dict[str, Any]:
     """One task: constrained, or (`length` given) unconstrained with exactly that many
-    output tokens."""
+    output tokens (tools still in the prompt, with tool_choice none)."""
     kw: dict[str, Any] = {"model": model, "max_tokens": length or MAX_TOKENS, "temperature": 0,
                           "messages": [{"role": "user", "content": task.prompt}]}  # fmt: skip
-    extra = dict(task.extra) if length is None else {}
+    extra = dict(task.extra)
+    if length is not None:  # the same prompt (tools included), no constraint
+        extra = {"tools": extra["tools"], "tool_choice": "none"} if "tools" in extra else {}
     body = {"return_token_ids": True, **extra.pop("extra_body", {})}
     body |= {} if length is None else {"ignore_eos": True}
     if not stream:
