@@ -17,11 +17,11 @@ import pytest
 from trd.grammar.compile import grammar_for
 from trd.policies.params import PolicySpec
 from trd.protocol import FinishReason, SamplingParams
-from trd.reference import ReferenceRouter
+from trd.testing.reference import ReferenceRouter
+from trd.testing.wiring import assert_matches
 
 from grammar_cases import assert_valid, constrained_jobs
-from inprocess_wiring import Wiring, assert_matches, run_all
-from routing_cases import MODEL_SETS, reference
+from routing_cases import MODEL_SETS, reference, wired
 from test_routing_inprocess import CASES
 from test_routing_processes import cases as head_cases
 from test_routing_processes import heads  # noqa: F401  (the fixture: random router heads)
@@ -41,8 +41,8 @@ def test_constrained_routing_matches_the_reference(
     for (_, grammar), trace in zip(cases, expected, strict=False):
         assert trace.finish is FinishReason.STOP
         assert_valid(paths[0], grammar, trace.tokens)
-    wiring = Wiring(paths, policy, params, seed=n + n_models)
-    run_all(wiring, work[:n])
+    wiring = wired(paths, policy, params, seed=n + n_models)
+    wiring.run(work[:n])
     assert_matches(wiring, expected)
 
 
@@ -63,8 +63,8 @@ def test_gated_constrained_routing_matches_the_reference(
     expected = reference(paths, policy, params, work)[:n]
     assert all(t.finish is FinishReason.STOP for t in expected)
     assert any(m == 1 for t in expected for m in t.models)  # the large model takes turns
-    wiring = Wiring(paths, policy, params, seed=n)
-    run_all(wiring, work[:n])
+    wiring = wired(paths, policy, params, seed=n)
+    wiring.run(work[:n])
     assert_matches(wiring, expected)
 
 
@@ -75,7 +75,7 @@ def test_a_grammar_that_allows_nothing_fails_the_request(tiny_models: dict[str, 
     ref = ReferenceRouter(paths, PolicySpec("scripted", {"schedule": [1, 0]}))
     trace = ref.run([5, 6, 7], params)
     assert trace.finish is FinishReason.ERROR and trace.tokens
-    wiring = Wiring(paths, "scripted", {"schedule": [1, 0]}, seed=1)
+    wiring = wired(paths, "scripted", {"schedule": [1, 0]}, seed=1)
     wiring.submit(0, [5, 6, 7], params)
     got = wiring.tracked[0]
     while not got.complete:  # a failed request reports no Done: wait for its error
