@@ -43,6 +43,7 @@ PARAMS = SamplingParams(
     stop_token_ids=(0, 151645, 2**31 - 1),
     ignore_eos=True,
     min_tokens=7,
+    grammar='{"grammars": [{"lark_grammar": "start: \\"é\\""}]}',
 )
 
 
@@ -139,10 +140,10 @@ def test_peer_frame_layout_is_stable() -> None:
 def test_submit_frame_layout_is_stable() -> None:
     p = SamplingParams(5, 0.5, 0.25, 3, None, (7,), ignore_eos=True, min_tokens=2)
     head = struct.pack("<BBQI", 1, VERSION, 9, 1)
-    params = struct.pack("<IddIqBIbI", 5, 0.5, 0.25, 3, -1, 1, 2, -1, 1) + struct.pack("<i", 7)
+    params = struct.pack("<IddIqBIbII", 5, 0.5, 0.25, 3, -1, 1, 2, -1, 1, 0) + struct.pack("<i", 7)
     assert encode(Submit(9, i32(4), p)) == head + params + struct.pack("<i", 4)
-    with_logprobs = dataclasses.replace(p, logprobs=20)
-    params = params[:-9] + struct.pack("<bIi", 20, 1, 7)
+    with_logprobs = dataclasses.replace(p, logprobs=20, grammar="start: /é/")
+    params = params[:-13] + struct.pack("<bIIi", 20, 1, 11, 7) + "start: /é/".encode()
     assert encode(Submit(9, i32(4), with_logprobs)) == head + params + struct.pack("<i", 4)
 
 
@@ -255,8 +256,8 @@ def at(prefix: str) -> int:
 
 
 # Submit: tag ver rid n_prompt | params: max_tokens temperature top_p top_k seed ignore_eos
-# min_tokens logprobs n_stop | stop ids.  PeerReq: tag ver rid seq kind loc prompt_len
-# sent_at n_tok n_extra has_params n_anchors.  Emit: tag ver rid pos finish n n_error
+# min_tokens logprobs n_stop n_grammar | stop ids | grammar.  PeerReq: tag ver rid seq kind
+# loc prompt_len sent_at n_tok n_extra has_params n_anchors.  Emit: tag ver rid pos finish n n_error
 # has_logprobs k.
 SUBMIT, PARAMS_AT = "BBQ", "BBQI"
 PEER = "BBQIBIIdI"
@@ -281,7 +282,8 @@ PEER = "BBQIBIIdI"
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIq"), "<B", 3), "bad ignore_eos byte 3"),
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIqB"), "<I", 17), "min_tokens must be in"),
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBI"), "<b", 21), "logprobs must be None or in"),
-        (patched(SAMPLES[1], at(PARAMS_AT + "IddIqBIbI"), "<i", -5), "stop_token_ids must be in"),
+        (patched(SAMPLES[1], at(PARAMS_AT + "IddIqBIbII"), "<i", -5), "stop_token_ids must be in"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBIbI"), "<I", 99), "grammar needs"),
         (patched(SAMPLES[-2], at("BBQIBII"), "<B", 2), "bad has_logprobs byte 2"),
         (patched(SAMPLES[-2], at("BBQIBIIB"), "<B", 3), "truncated frame"),
         (patched(SAMPLES[5], 19, "<I", 1) + b"\xff", "Emit.error is not utf-8"),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trd.engines.constrain import Constraints
 from trd.engines.pages import PageAllocator
 from trd.engines.request import Request, State
 from trd.engines.runner import ForwardOutput, ModelRunner
@@ -51,6 +52,7 @@ class Engine:
             PageAllocator(spec.kv_pages, spec.settings.page_size), spec.settings, spec.context
         )
         self._rids = itertools.count()
+        self.constraints = Constraints(spec.checkpoint.path, self.cfg.eos_token_ids)
 
     # -- requests ---------------------------------------------------------------------
     def add_request(
@@ -109,12 +111,16 @@ class Engine:
         finite = torch.isfinite(out.logits).all(dim=-1)  # before bans set -inf on purpose
         reqs = [item.req for item in out.items]
         params = [r.params for r in reqs]
+        # The grammar masks come first: sampling and the routing policy read masked logits.
+        refused = self.constraints.apply(reqs, out.logits)
+        masked = any(p.grammar for p in params)
         eos = self.cfg.eos_token_ids
         banned = ban_early_stops(out.logits, params, [r.num_output for r in reqs], eos)
         positions = [len(r.seq) for r in reqs]
-        tokens = sample_tensor(out.logits, params, positions, None if banned else out.greedy)
+        greedy = None if banned or masked else out.greedy
+        tokens = sample_tensor(out.logits, params, positions, greedy)
         fed = sum(i.num_tokens for i in batch)
-        return StepResult(out, tokens, finite, len(batch), fed, failed)
+        return StepResult(out, tokens, finite, len(batch), fed, failed, refused)
 
     def _run(self, batch: list[Scheduled]) -> tuple[ForwardOutput, list[tuple[Request, str]]]:
         """The batch's forward; if it raises, each request alone, so one bad one fails alone."""

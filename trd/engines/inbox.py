@@ -65,6 +65,7 @@ class Inbox:
         req.anchors = [0] * self.num_models
         req.anchors[self.out.index] = len(req.seq)
         req.runnable_since = time.perf_counter()
+        self._sync_grammar(req)
 
     def _handoff(self, msg: PeerReq) -> None:
         if msg.rid in self.out.finished:
@@ -103,6 +104,13 @@ class Inbox:
         req.handoff_latencies.append(latency)
         self.stats.record_handoff(latency)
         self.policy.receive(req, msg.extra)
+        self._sync_grammar(req)
+
+    def _sync_grammar(self, req: Request) -> None:
+        """Bring the request's matcher up to its committed tokens as it arrives."""
+        why = self.engine.constraints.sync(req)
+        if why is not None:
+            self._fail(req.rid, why)
 
     def drop(self, rid: int) -> None:
         """A peer finished the request or the client aborted it: free it here."""

@@ -41,6 +41,7 @@ class Request:
     forwards: int = 0
     handoff_latencies: list[float] = field(default_factory=list)
     policy_state: Any = None  # whatever the routing policy keeps per request
+    grammar: Any = None  # the request's grammar matcher here (trd.engines.constrain)
 
     @property
     def num_output(self) -> int:

@@ -86,6 +86,7 @@ class RoutingEngine:
         # The routes are decided on the device; then the step's one copy to the host.
         host = result.resolve(self._routes(result))
         self.stats.record_step(result.batch_size, time.perf_counter() - start, result.fed)
+        self.stats.mask_s = self.engine.constraints.mask_s
         self.launch.stepped()
         for req, error in host.failed:
             self._fail(req, error)

@@ -4,7 +4,8 @@ The windows feed the Markov threshold model: step latency per batch size, and pe
 request-forward where the request went next and how many tokens were committed. The
 counters never wrap into a window, so the difference of two snapshots is exact over any
 stretch, however long: steps, request-rows forwarded (`rows`), seconds in forwards
-(`busy_s`), rows whose candidate token was dropped (`dropped`: R-Stitch escalating).
+(`busy_s`), rows whose candidate token was dropped (`dropped`: R-Stitch escalating),
+seconds spent on grammar masks (`mask_s`, part of `busy_s`).
 `handoff_s` holds the latest handoff latencies; `handoffs_in` counts them all.
 """
 
@@ -28,6 +29,7 @@ class EngineStats:
     rows: int = 0
     busy_s: float = 0.0
     dropped: int = 0
+    mask_s: float = 0.0  # seconds building and applying grammar masks (trd/engines/constrain)
     latency: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     routes: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     handoff_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
@@ -59,6 +61,7 @@ class EngineStats:
             "rows": self.rows,
             "busy_s": self.busy_s,
             "dropped": self.dropped,
+            "mask_s": self.mask_s,
             "batch_size_mean": statistics.fmean(sizes) if sizes else 0.0,
             "step_ms_p50": 1e3 * statistics.median(s for _, s in self.latency)
             if self.latency

@@ -5,7 +5,8 @@
     sampled (B,)  finite (B,)                   tokens    their candidates
     + the policy's RouteBatch (dst, commit)     routes    their routes
                                                 logprobs  theirs, where the request asks
-                                                failed    forward errors, non-finite rows
+                                                failed    forward errors, non-finite rows,
+                                                          rows their grammar refused
 
 `resolve` stacks the candidates, the finite flags and (when the policy decided on the
 device) the destinations and commit flags into one tensor and copies that: the step's
@@ -56,6 +57,7 @@ class StepResult:
     batch_size: int  # requests in the forward, completed or not
     fed: int  # tokens fed in the forward
     errors: list[tuple[Request, str]]  # requests whose forward failed, and why
+    refused: dict[int, str] = field(default_factory=dict)  # rows whose grammar refused, why
     _host: HostStep | None = field(default=None, repr=False)
 
     @property
@@ -85,11 +87,11 @@ class StepResult:
         reqs, tokens, kept, failed = [], [], [], list(self.errors)
         lps: list[TokenLogprobs | None] = []
         rows = zip(self.rows, host[0], host[1], row_routes, row_lps, strict=True)
-        for req, token, ok, route, lp in rows:
+        for i, (req, token, ok, route, lp) in enumerate(rows):
             if route is None and routes is not None:
                 continue  # its routing failed; the router has failed the request
-            if not ok:
-                failed.append((req, NON_FINITE))
+            if not ok or i in self.refused:
+                failed.append((req, self.refused.get(i, NON_FINITE)))
             else:
                 reqs.append(req)
                 tokens.append(token)

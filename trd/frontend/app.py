@@ -42,6 +42,8 @@ from trd.frontend.openai_api import (
 from trd.frontend.responses import Shaper, Usage
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
+from trd.frontend.tool_stream import ToolStream, end_tool_stream
+from trd.frontend.tools import finish_reason
 from trd.logs import kv
 from trd.protocol import SamplingParams
 from trd.supervisor.hub import Hub, Unavailable
@@ -222,7 +224,10 @@ class OpenAIApi:
                 begin, end = c.span()
                 produced = c.produced(names, begin, end) if req.return_token_ids else None
                 logprobs = c.shaped_logprobs(begin, end)
-                bodies.append(shaper.choice(c.index, text, c.finish_reason, produced, logprobs))
+                content, calls = req.tools.calls(text) if req.tools else (text, [])
+                finish = finish_reason(req.tools, calls, c.finish_reason) if req.tools else None
+                bodies.append(shaper.choice(c.index, content, finish or c.finish_reason,
+                                            produced, logprobs, calls))  # fmt: skip
             outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
             return web.json_response(shaper.final(bodies, self._usage(choices)))
         except ApiError as exc:
@@ -267,14 +272,16 @@ class OpenAIApi:
         if req.chat:
             for c in choices:
                 await send(chunk(c, None))
+        tools = {c.index: ToolStream(req.tools) for c in choices} if req.tools else {}
         try:
             # aclosing: a client that leaves stops the choices' readers now, not at GC
             async with aclosing(interleaved(choices)) as deltas:
                 async for c, delta in deltas:
-                    if delta is None:  # that choice ended
-                        await send(chunk(c, "", c.finish_reason))
+                    if delta is None:  # that choice ended, after its held text and calls
+                        finish = await end_tool_stream(c, tools, shaper, send, chunk)
+                        await send(chunk(c, "", finish))
                     else:
-                        await send(chunk(c, delta))
+                        await send(chunk(c, tools[c.index].feed(delta) if tools else delta))
             outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
             if req.include_usage:
                 await send(shaper.usage_chunk(self._usage(choices)))

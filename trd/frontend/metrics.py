@@ -43,6 +43,8 @@ class _EngineCollector(Collector):
         ("trd_handoffs", "handoffs_out", "Handoffs sent to another model"),
         ("trd_engine_tokens_committed", "tokens_committed", "Output tokens the engine committed"),
         ("trd_engine_steps", "steps", "Forwards the engine ran"),
+        ("trd_engine_busy_seconds", "busy_s", "Seconds the engine spent in its steps"),
+        ("trd_engine_grammar_mask_seconds", "mask_s", "Seconds of steps spent on grammar masks"),
         (
             "trd_engine_wide_forwards",
             "wide_forwards",

@@ -11,13 +11,13 @@ OpenAI's error body, whose message names the field, the reason and the value:
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from trd.frontend.errors import ApiError, bad, describe
 from trd.frontend.schema import (
     ChatFields,
     ChatRequest,
@@ -28,6 +28,8 @@ from trd.frontend.schema import (
     TokenizeChat,
     TokenizeText,
 )
+from trd.frontend.structured import request_grammar
+from trd.frontend.tools import Tools, parse_tools
 from trd.protocol import SamplingParams
 
 log = logging.getLogger("trd.frontend")
@@ -35,51 +37,7 @@ log = logging.getLogger("trd.frontend")
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: the context left
 # vLLM's rule: a temperature this small is greedy; dividing logits by it would overflow.
 GREEDY_BELOW = 1e-5
-_SHORT = 40  # characters of a value shown whole in an error message
-_SIZED: dict[type, str] = {
-    str: "a string of {} characters",
-    list: "an array of {} items",
-    dict: "an object of {} keys",
-}
 R = TypeVar("R", bound=BaseModel)
-
-
-class ApiError(Exception):
-    """An error response in OpenAI's shape: status, message, type, param and code."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        type: str = "invalid_request_error",
-        retry_after_s: int | None = None,  # sent as Retry-After, which the openai client honours
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = (
-            status, message, param, code, type,
-        )  # fmt: skip
-        self.headers = {} if retry_after_s is None else {"Retry-After": str(retry_after_s)}
-
-    def body(self) -> dict[str, Any]:
-        error = {"message": self.message, "type": self.type, "param": self.param}
-        return {"error": {**error, "code": self.code}}
-
-
-def bad(param: str, message: str, code: str | None = None) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param, code=code)
-
-
-def describe(v: Any) -> str:
-    """A value for an error message: whole (as JSON) when short, else its type and size."""
-    sized = _SIZED.get(type(v))
-    if sized is not None and len(v) > _SHORT:
-        return sized.format(len(v))
-    text = json.dumps(v)  # ASCII: a lone surrogate shows as its \ud800 escape
-    if len(text) <= _SHORT:
-        return text
-    return sized.format(len(v)) if sized is not None else f"a number of {len(text)} digits"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +47,14 @@ class ChatTemplateArgs:
     add_generation_prompt: bool = True  # open the assistant's turn
     continue_final_message: bool = False  # the reply extends the last message instead
     variables: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+    tools: list[dict[str, Any]] | None = None  # the tools offered, OpenAI's objects
 
 
 @dataclass(frozen=True, slots=True)
 class GenRequest:
     chat: bool
     prompt: str | list[int] | None  # completions
-    messages: list[dict[str, str]] | None  # chat, contents flattened to strings
+    messages: list[dict[str, Any]] | None  # chat, contents flattened to strings
     max_tokens: int | None  # None: as many as the context leaves (chat default)
     max_tokens_param: str  # the field max_tokens came from, for errors
     params: SamplingParams  # max_tokens is filled in once the prompt length is known
@@ -107,6 +66,7 @@ class GenRequest:
     return_token_ids: bool  # each choice carries its token ids and producing models
     n: int  # choices
     template: ChatTemplateArgs = field(default_factory=ChatTemplateArgs)
+    tools: Tools | None = None  # chat: the tools offered and tool_choice
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -152,9 +112,11 @@ def _gen(
     req: GenerationRequest,
     default_max: int | None,
     prompt: str | list[int] | None = None,
-    messages: list[dict[str, str]] | None = None,
+    messages: list[dict[str, Any]] | None = None,
     template: ChatTemplateArgs | None = None,
     logprobs: int | None = None,
+    grammar: str = "",
+    tools: Tools | None = None,
 ) -> GenRequest:
     if req.stream_options is not None and not req.stream:
         raise bad("stream_options", "only allowed when stream is true")
@@ -177,6 +139,7 @@ def _gen(
         ignore_eos=bool(req.ignore_eos),
         min_tokens=min_tokens,
         logprobs=logprobs,
+        grammar=grammar,
     )
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenRequest(
@@ -186,14 +149,19 @@ def _gen(
         include_usage=bool(options.include_usage),
         continuous_usage=bool(options.continuous_usage_stats),
         return_token_ids=bool(req.return_token_ids), n=req.n or 1,
-        template=template or ChatTemplateArgs(),
+        template=template or ChatTemplateArgs(), tools=tools,
     )  # fmt: skip
 
 
 def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
     req = _validate(CompletionRequest, body, vocab_size)
     check_model(req.model, served)
-    return _gen(req, COMPLETIONS_MAX_TOKENS, prompt=req.prompt, logprobs=req.logprobs)
+    if parse_tools(body.get("tools"), body.get("tool_choice")) is not None:
+        raise bad("tools", "only /v1/chat/completions calls tools")
+    grammar = request_grammar(body, None)
+    return _gen(
+        req, COMPLETIONS_MAX_TOKENS, prompt=req.prompt, logprobs=req.logprobs, grammar=grammar
+    )
 
 
 def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
@@ -202,11 +170,25 @@ def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad("top_logprobs", "needs logprobs to be true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _gen(req, None, messages=_messages(req), template=_template(req), logprobs=logprobs)
+    tools = parse_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    grammar = request_grammar(body, tools.grammar() if tools is not None else None)
+    template = replace(_template(req), tools=tools.specs if tools is not None else None)
+    return _gen(req, None, messages=_messages(req), template=template, logprobs=logprobs,
+                grammar=grammar, tools=tools)  # fmt: skip
 
 
-def _messages(req: ChatFields) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.text()} for m in req.messages]
+def _messages(req: ChatFields) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(req.messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise bad(f"messages[{i}].content", "required (null only with tool_calls)")
+        msg: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.tool_calls is not None:
+            msg["tool_calls"] = m.tool_calls
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
 
 
 def _template(req: ChatFields) -> ChatTemplateArgs:
@@ -224,7 +206,7 @@ class TokenizeRequest:
     """vLLM's /tokenize: a text (`prompt`) or a chat (`messages` and `template`)."""
 
     prompt: str | None
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, Any]] | None
     template: ChatTemplateArgs
     add_special_tokens: bool
 

@@ -72,15 +72,18 @@ class Shaper:
     def choice(
         self,
         index: int,
-        text: str,
+        text: str | None,
         finish_reason: str,
         produced: Produced | None = None,
         logprobs: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """One choice of a final body."""
+        """One choice of a final body; a chat message with `tool_calls` has them (and None
+        for content when the text was only calls)."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            choice["message"] = {**message, "tool_calls": tool_calls} if tool_calls else message
         else:
             choice["text"] = text
         if produced is not None:
@@ -117,6 +120,13 @@ class Shaper:
             choice.update(produced.fields())
         counts = {} if usage is None else usage.fields()
         return {**self._head(chunk=True), "choices": [choice], **counts}
+
+    def tool_calls_chunk(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chat choice's tool calls, whole, as one delta (OpenAI's streamed shape)."""
+        deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+        choice = {"index": index, "delta": {"tool_calls": deltas}, "logprobs": None,
+                  "finish_reason": None}  # fmt: skip
+        return {**self._head(chunk=True), "choices": [choice]}
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self._head(chunk=True), "choices": [], **usage.fields()}

@@ -5,9 +5,11 @@ Every integer limit comes from the width its field has on the wire to the engine
 OpenAI's fields we accept vLLM's extensions that real clients send (top_k, min_tokens,
 ignore_eos, stop_token_ids, include_stop_str_in_output, return_token_ids,
 stream_options.continuous_usage_stats, and for chat add_generation_prompt,
-continue_final_message, chat_template_kwargs).
+continue_final_message, chat_template_kwargs). The structured-output and tool fields
+(response_format, structured_outputs, guided_*, tools, tool_choice) are typed loosely here
+and checked, with the grammar library, in `structured` and `tools`.
 Fields we cannot honour, OpenAI's or vLLM's, are accepted only at their no-op value
-(best_of=1, echo=false, min_p=0, guided_json=null, ...): a client that asks for them gets a
+(best_of=1, echo=false, min_p=0, ...): a client that asks for them gets a
 400 rather than an answer that silently lacks them. Fields we do not know are ignored,
 as OpenAI's API does. Strict types: 2.0 is not an
 integer, "1" is not a number, 1 is not a boolean.
@@ -143,12 +145,14 @@ Content = Annotated[
 
 
 class ChatMessage(_Schema):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Content
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content | None = None  # None: an assistant turn that only calls tools
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: Text | None = None  # a tool result: the call it answers
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
 
 
@@ -181,9 +185,9 @@ class GenerationRequest(_Schema):
     frequency_penalty: Annotated[Any, _only(None, 0, 0.0)] = None
     repetition_penalty: Annotated[Any, _only(None, 1, 1.0)] = None
     logit_bias: Annotated[Any, _only(None, {})] = None
-    tools: Annotated[Any, _only(None, [])] = None
-    tool_choice: Annotated[Any, _only(None, "none", "auto")] = None
-    response_format: Annotated[Any, _only(None, {"type": "text"})] = None
+    tools: Any = None  # trd.frontend.tools (chat only)
+    tool_choice: Any = None
+    response_format: Any = None  # trd.frontend.structured, as the vLLM fields below
     # vLLM's extensions that change the output
     min_p: Annotated[Any, _only(None, 0, 0.0)] = None
     use_beam_search: Annotated[Any, _only(None, False)] = None
@@ -195,12 +199,12 @@ class GenerationRequest(_Schema):
     skip_special_tokens: Annotated[Any, _only(None, True)] = None
     spaces_between_special_tokens: Annotated[Any, _only(None, True)] = None
     truncate_prompt_tokens: Annotated[Any, _only(None)] = None
-    guided_json: Annotated[Any, _only(None)] = None
-    guided_regex: Annotated[Any, _only(None)] = None
-    guided_choice: Annotated[Any, _only(None)] = None
-    guided_grammar: Annotated[Any, _only(None)] = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
     structural_tag: Annotated[Any, _only(None)] = None
-    structured_outputs: Annotated[Any, _only(None)] = None
+    structured_outputs: Any = None
     priority: Annotated[Any, _only(None, 0)] = None
 
 

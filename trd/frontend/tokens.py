@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from jinja2 import TemplateError
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
 from trd.frontend.openai_api import ApiError, ChatTemplateArgs
+from trd.frontend.tool_template import template_messages
 
 
 class PromptEncoder:
@@ -25,16 +28,21 @@ class PromptEncoder:
 
     def chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         args: ChatTemplateArgs | None = None,
         add_special_tokens: bool = False,  # the template writes them; vLLM's /tokenize may ask
     ) -> list[int]:
         args = args or ChatTemplateArgs()
         if not self.hf.chat_template:
             raise ApiError(400, "this model has no chat template; use /v1/completions")
+        messages, specs = template_messages(messages, args.tools, str(self.hf.chat_template))
+        tools: list[dict[Any, Any] | Callable[..., Any]] | None = (
+            None if specs is None else list(specs)
+        )
         try:
             text = self.hf.apply_chat_template(
                 messages,
+                tools=tools,
                 add_generation_prompt=args.add_generation_prompt,
                 continue_final_message=args.continue_final_message,
                 tokenize=False,

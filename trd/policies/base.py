@@ -150,5 +150,7 @@ def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def logp_entropy(logp: torch.Tensor) -> torch.Tensor:
-    """normalized_entropy of rows already turned into log-probabilities."""
-    return -(logp.exp() * logp).sum(-1) / math.log(logp.shape[-1])
+    """normalized_entropy of rows already turned into log-probabilities. A token a grammar
+    forbids (log-probability -inf) adds 0, not 0 * -inf = NaN."""
+    plogp = torch.where(logp > -torch.inf, logp.exp() * logp, 0.0)
+    return -plogp.sum(-1) / math.log(logp.shape[-1])

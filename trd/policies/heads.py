@@ -39,6 +39,9 @@ KINDS = ("citer", "r2r", "collm")
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+FORBIDDEN_LOGP = -1e4  # a feature's value for a token the request's grammar forbids
+
+
 def logit_features(logits: torch.Tensor, k: int) -> torch.Tensor:
     """(B, V) -> (B, k + 2): the k largest log-probabilities (descending), R-Stitch's
     normalised entropy and GlimpRouter's top-20 entropy. Beside h they give citer and
@@ -46,7 +49,8 @@ def logit_features(logits: torch.Tensor, k: int) -> torch.Tensor:
     pair, heads on h alone rank the small model's bad tokens worse than entropy does
     (docs/quality.md)."""
     logp = torch.log_softmax(logits, dim=-1)
-    top = torch.topk(logp, min(k, logits.shape[-1]), dim=-1).values
+    # Fewer than k tokens a grammar allows: the others read as very unlikely, not -inf.
+    top = torch.topk(logp, min(k, logits.shape[-1]), dim=-1).values.clamp(min=FORBIDDEN_LOGP)
     ents = torch.stack([logp_entropy(logp), top_entropy(logits)], dim=-1)
     return torch.cat([top, ents.to(top.dtype)], dim=-1)
 

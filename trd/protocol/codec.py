@@ -6,10 +6,10 @@ bytes, strings as utf-8), in the order drawn below. No pickle: a frame from a pe
 another host is untrusted input, and `decode` turns every malformed frame into a
 `ProtocolError`.
 
-    params block P (42 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
+    params block P (46 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
                             | seed i64 (-1 = None) | ignore_eos u8 | min_tokens u32
-                            | logprobs i8 (-1 = None) | n_stop u32
-                            then stop_token_ids i32[n_stop]
+                            | logprobs i8 (-1 = None) | n_stop u32 | n_grammar u32
+                            then stop_token_ids i32[n_stop] | grammar utf-8[n_grammar]
 
     Submit  (tag 1):  tag u8 | ver u8 | rid u64 | n_prompt u32 | P | prompt i32[n_prompt]
     PeerReq (tag 2):  tag u8 | ver u8 | rid u64 | handoff_seq u32
@@ -54,7 +54,7 @@ from trd.protocol.messages import (
     Submit,
 )
 
-VERSION = 3  # 2: min_tokens in the params block; 3: logprobs
+VERSION = 4  # 2: min_tokens in the params block; 3: logprobs; 4: grammar
 _T_SUBMIT, _T_PEER, _T_EMIT, _T_ABORT, _T_READY, _T_DONE = 1, 2, 3, 4, 5, 6
 _T_STATS, _T_CONTROL = 7, 8
 MAX_MODELS = 255
@@ -63,6 +63,7 @@ MAX_MODELS = 255
 PARAMS_LAYOUT: dict[str, str] = {
     "max_tokens": "I", "temperature": "d", "top_p": "d", "top_k": "I", "seed": "q",
     "ignore_eos": "B", "min_tokens": "I", "logprobs": "b", "n_stop": "I",
+    "n_grammar": "I",
 }  # fmt: skip
 TOKEN_ID = "i"  # prompt and stop token ids
 _PARAMS = struct.Struct("<" + "".join(PARAMS_LAYOUT.values()))
@@ -102,11 +103,12 @@ def _enc_params(p: SamplingParams) -> bytes:
     seed = -1 if p.seed is None else p.seed
     logprobs = -1 if p.logprobs is None else p.logprobs
     n = len(p.stop_token_ids)
+    grammar = p.grammar.encode()
     head = _PARAMS.pack(
         p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, p.min_tokens,
-        logprobs, n,
+        logprobs, n, len(grammar),
     )  # fmt: skip
-    return head + struct.pack(f"<{n}{TOKEN_ID}", *p.stop_token_ids) if n else head
+    return head + struct.pack(f"<{n}{TOKEN_ID}", *p.stop_token_ids) + grammar
 
 
 def _enc_submit(m: Submit) -> bytes:
@@ -237,22 +239,23 @@ def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
     if off + _PARAMS.size > len(buf):
         raise ProtocolError(f"truncated frame: sampling params end past {len(buf)} bytes")
     (max_tokens, temp, top_p, top_k, seed, ignore_eos, min_tokens, logprobs,
-     n_stop) = _PARAMS.unpack_from(buf, off)  # fmt: skip
+     n_stop, n_grammar) = _PARAMS.unpack_from(buf, off)  # fmt: skip
     off += _PARAMS.size
     end = off + 4 * n_stop
     if end > len(buf):
         raise ProtocolError(f"truncated frame: stop ids need {end} bytes, frame has {len(buf)}")
+    grammar, after = _utf8(buf, end, n_grammar, "SamplingParams.grammar")
     if ignore_eos > 1:
         raise ProtocolError(f"bad ignore_eos byte {ignore_eos}")
     try:
         params = SamplingParams(
             max_tokens, temp, top_p, top_k, None if seed == -1 else seed,
             struct.unpack_from(f"<{n_stop}{TOKEN_ID}", buf, off), bool(ignore_eos), min_tokens,
-            None if logprobs == -1 else logprobs,
+            None if logprobs == -1 else logprobs, grammar,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(f"invalid sampling params: {e}") from e
-    return params, end
+    return params, after
 
 
 def _dec_submit(buf: memoryview) -> tuple[Message, int]:

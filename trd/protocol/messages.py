@@ -44,6 +44,9 @@ class SamplingParams:
     min_tokens: int = 0  # eos and stop ids cannot end the output before this many tokens
     # None: no log-probabilities; k: each output token's, and its k most likely alternatives
     logprobs: int | None = None
+    # "" = unconstrained; else an llguidance grammar (trd.grammar.compile builds it) that
+    # every output token must follow
+    grammar: str = ""
 
     def __post_init__(self) -> None:
         if not self.max_tokens >= 1:

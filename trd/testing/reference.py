@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from trd.engines.constrain import Constraints
 from trd.engines.request import Request
 from trd.engines.sampler import ban_early_stops, sample
 from trd.models.checkpoint import read_checkpoint
@@ -43,6 +44,7 @@ class ReferenceRouter:
         entry = read_checkpoint(Path(paths[0]))
         self.eos = entry.config.eos_token_ids
         self.vocab = entry.vocab_limit  # as the engines: padding rows are never sampled
+        self.constraints = Constraints(Path(paths[0]), self.eos)  # masks as the engines'
         self.policies: list[RoutingPolicy] = [
             make_policy(policy, PolicyContext(i, len(paths), m.get_input_embeddings(), Path(p)))
             for i, (m, p) in enumerate(zip(self.models, paths, strict=True))
@@ -55,6 +57,9 @@ class ReferenceRouter:
         while True:
             out = self.models[cur](torch.tensor([seq]), output_hidden_states=True)
             logits, hidden = out.logits[0, -1:, : self.vocab], out.hidden_states[-1][0, -1:]
+            if self.constraints.apply([req], logits):
+                trace.finish = FinishReason.ERROR  # the grammar allows no next token
+                return trace
             ban_early_stops(logits, [params], [len(trace.tokens)], self.eos)
             token = sample(logits, [params], [len(seq)])[0]
             trace.forwards += 1

@@ -1,0 +1,177 @@
+"""Structured outputs and tool calls through the real daemon, with the official openai client.
+
+Two engine processes on the tiny fixtures, handing each response back and forth (the
+scripted schedule). The fixtures write noise, so only the grammar makes their output
+valid: a JSON schema (checked with jsonschema), a regex, a choice, a pydantic model
+through `chat.completions.parse`, and a tool-calling loop of three turns; streamed and
+not. Schemas the grammar library refuses are 400s naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from pydantic import BaseModel, Field
+
+from daemon_fixture import Daemon, start_daemon, write_config
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "population": {"type": "integer", "minimum": 0, "maximum": 10**7},
+        "tags": {"type": "array", "items": {"enum": ["port", "capital"]}, "maxItems": 2},
+    },
+    "required": ["city", "population", "tags"],
+    "additionalProperties": False,
+}
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME: dict[str, Any] = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+    "additionalProperties": False}}}  # fmt: skip
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Describe a city as JSON."}]
+MAX = 96
+
+
+class City(BaseModel):
+    name: str = Field(max_length=10)
+    size: Literal["small", "big"]
+    river: bool
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
+) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("e2e_structured")
+    # The tools system prompt alone is ~400 fixture tokens.
+    d = start_daemon(write_config(tmp, tiny_models, ["small", "large"], max_model_len=2048))
+    yield d
+    assert d.stop() == 0, d.log()
+
+
+def chat(daemon: Daemon, stream: bool, **kw: Any) -> tuple[str, list[Any], str]:
+    """The content, tool calls and finish reason of one chat completion."""
+    client = daemon.client()
+    kw.setdefault("max_tokens", MAX)
+    if not stream:
+        out = client.chat.completions.create(model=daemon.model, **kw)
+        msg = out.choices[0].message
+        return msg.content or "", list(msg.tool_calls or []), out.choices[0].finish_reason
+    text, calls, finish = "", list[Any](), ""
+    for chunk in client.chat.completions.create(model=daemon.model, stream=True, **kw):
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        calls += delta.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    return text, calls, finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_output_validates(daemon: Daemon, stream: bool) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+    for seed in range(3):
+        text, _, finish = chat(daemon, stream, messages=ASK, response_format=fmt,
+                               temperature=1.0, seed=seed)  # fmt: skip
+        assert finish == "stop"
+        jsonschema.validate(json.loads(text), SCHEMA)
+    # Any object: the noise may write one long key and run out of tokens, but it is JSON.
+    text, _, finish = chat(daemon, stream, messages=ASK, response_format={"type": "json_object"})
+    assert text.startswith("{") and (finish == "length" or isinstance(json.loads(text), dict))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_regex_and_choice_on_completions(daemon: Daemon, stream: bool) -> None:
+    client = daemon.client()
+    lark = 'start: "x" /[0-9]{1,4}/ "y"'
+    asks = [({"guided_regex": r"[A-Z][a-z]{2,6}-[0-9]{2}"}, r"[A-Z][a-z]{2,6}-[0-9]{2}"),
+            ({"structured_outputs": {"choice": ["alpha", "beta", "gamma"]}}, r"alpha|beta|gamma"),
+            ({"structured_outputs": {"grammar": lark}}, r"x[0-9]{1,4}y")]  # fmt: skip
+    for extra, pattern in asks:
+        out = client.completions.create(model=daemon.model, prompt="The code is", max_tokens=MAX,
+                                        stream=stream, extra_body=extra)  # fmt: skip
+        chunks: list[Any] = list(out) if stream else [out]  # type: ignore[call-overload]
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        assert re.fullmatch(pattern, text), (extra, text)
+
+
+def test_parse_with_a_pydantic_model(daemon: Daemon) -> None:
+    out = daemon.client().chat.completions.parse(
+        model=daemon.model, messages=ASK, response_format=City, max_tokens=MAX
+    )
+    city = out.choices[0].message.parsed
+    assert isinstance(city, City) and city.size in ("small", "big")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_three_turn_tool_loop(daemon: Daemon, stream: bool) -> None:
+    """Call (named, then required), the tool's result, the answer (auto)."""
+    messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in (named, "required"):
+        # "required" is an array of calls: without parallel_tool_calls false the noise
+        # writes calls until max_tokens
+        _, calls, finish = chat(daemon, stream, messages=messages, tools=[WEATHER, TIME],
+                                tool_choice=choice, parallel_tool_calls=False)  # fmt: skip
+        assert finish == ("stop" if choice is named else "tool_calls") and calls
+        call = calls[0]
+        assert call.id.startswith("call_") and call.type == "function"
+        schema = (WEATHER if call.function.name == "get_weather" else TIME)["function"]
+        jsonschema.validate(json.loads(call.function.arguments), schema["parameters"])
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+        ],
+    }
+    messages += [assistant, {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'}]
+    text, calls, finish = chat(daemon, stream, messages=messages, tools=[WEATHER, TIME],
+                               tool_choice="auto", max_tokens=8)  # fmt: skip
+    assert finish in ("stop", "length", "tool_calls") and (text or calls)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "part"),
+    [({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}}},
+      "response_format.json_schema.schema", "Invalid type: nope"),
+     ({"guided_regex": "(ab"}, "guided_regex", "unclosed group"),
+     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+      "tool_choice.function.name", '"nope" is not one of the tools'),
+     ({"tools": [{**WEATHER, "function": {"name": "f", "parameters": {"type": "nope"}}}],
+       "tool_choice": "required"}, "tools[0].function.parameters", "Invalid type: nope")],
+)  # fmt: skip
+def test_refused_constraints_are_400s(daemon: Daemon, extra: dict, param: str, part: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        daemon.client().chat.completions.create(model=daemon.model, messages=ASK, extra_body=extra)
+    body = err.value.body
+    assert isinstance(body, dict) and body["param"] == param and part in body["message"]
+    assert chat(daemon, False, messages=ASK, max_tokens=4)[2] == "length"  # still serving

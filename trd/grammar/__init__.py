@@ -1,0 +1,1 @@
+"""Structured outputs: grammars, their compilation and per-request matchers (llguidance)."""
