@@ -24,6 +24,7 @@ import torch
 
 from trd.engines.constrain import Constraints
 from trd.engines.pages import PageAllocator
+from trd.engines.prefix_cache import PrefixCache
 from trd.engines.request import Request, State
 from trd.engines.runner import ForwardOutput, ModelRunner
 from trd.engines.sampler import ban_early_stops, sample_tensor
@@ -48,8 +49,9 @@ class Engine:
         self.spec = spec
         self.runner = ModelRunner(spec)
         self.cfg = spec.checkpoint.config
+        pool = PrefixCache if spec.settings.prefix_cache else PageAllocator
         self.scheduler = Scheduler(
-            PageAllocator(spec.kv_pages, spec.settings.page_size), spec.settings, spec.context
+            pool(spec.kv_pages, spec.settings.page_size), spec.settings, spec.context
         )
         self._rids = itertools.count()
         self.constraints = Constraints(spec.checkpoint.path, self.cfg.eos_token_ids)
@@ -105,7 +107,10 @@ class Engine:
         if not batch:
             return None
         out, failed = self._run(batch)
+        broken = {id(req) for req, _ in failed}
         for item in batch:
+            if id(item.req) in broken:
+                continue  # nothing was computed: no KV for the cache to keep
             item.req.kv_len += item.num_tokens
             item.req.fed_tokens += item.num_tokens
         finite = torch.isfinite(out.logits).all(dim=-1)  # before bans set -inf on purpose

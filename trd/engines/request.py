@@ -33,6 +33,12 @@ class Request:
     pages: list[int] = field(default_factory=list)
     finish: FinishReason = FinishReason.NONE
     fed_tokens: int = 0  # tokens this engine has run through the model for this request
+    # Prefix cache: keys of seq's full blocks (seq never changes, so they stay valid),
+    # how many of `pages` are in the cache, and whether it looked up its prefix since
+    # it last held no KV here.
+    block_keys: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    cached_blocks: int = 0
+    looked_up: bool = False
     runnable_since: float = 0.0
     # Routing: anchors[j] = how much of `seq` model j holds a copy of, so a handoff
     # carries only the suffix the destination lacks; handoff_seq orders handoffs.

@@ -7,6 +7,14 @@ steps). Pages are allocated on demand; when they run out, the newest request tha
 holds pages and is not in this step's batch is preempted (its pages are freed and it
 will recompute from its committed sequence), so older requests always progress and
 no request's pages are ever touched by another.
+
+With a prefix cache (`prefix_cache.py`, the allocator then), a request that holds no
+KV here first takes the longest cached prefix of its sequence: whole blocks, at most
+len(seq) - 1 tokens (one token is fed for the logits, and the page it writes is its
+own), and its kv_len jumps to their end. Its computed full blocks are offered to the
+cache before each forward, when it leaves its pages and when it finishes, so what a
+request computed serves every later request with the same prefix. Eviction of
+unreferenced cached pages comes before preemption (they are part of `num_free`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trd.engines.pages import PageAllocator
+from trd.engines.prefix_cache import PrefixCache
 from trd.engines.request import Request, State
 from trd.engines.spec import EngineSettings
 
@@ -31,9 +40,10 @@ class Scheduled:
 
 class Scheduler:
     def __init__(
-        self, allocator: PageAllocator, settings: EngineSettings, max_model_len: int
+        self, allocator: PageAllocator | PrefixCache, settings: EngineSettings, max_model_len: int
     ) -> None:
         self.allocator = allocator
+        self.cache = allocator if isinstance(allocator, PrefixCache) else None
         self.max_batch_tokens = settings.max_batch_tokens
         self.max_batch_size = settings.max_batch_size
         self.max_model_len = max_model_len
@@ -69,6 +79,8 @@ class Scheduler:
         for req in sorted(self.runnable(), key=lambda r: r.arrival):
             if budget == 0 or len(batch) == self.max_batch_size:
                 break
+            self.match(req)
+            self.cache_computed(req)
             n = min(req.num_unfed, budget)
             if not self._reserve(req, req.kv_len + n, in_batch):
                 break  # older requests keep their order; this one waits for pages
@@ -90,6 +102,36 @@ class Scheduler:
             req.pages.extend(self.allocator.allocate(req.rid, need, after=last))
         return True
 
+    def match(self, req: Request) -> None:
+        """A request without KV here starts from its longest cached prefix (looked up once
+        per stretch without KV, so a request that waits for pages counts one query)."""
+        cache = self.cache
+        if cache is None or req.pages or req.looked_up:
+            return
+        req.looked_up = True
+        usable = (len(req.seq) - 1) // cache.page_size
+        if len(req.block_keys) < usable:
+            req.block_keys = cache.block_keys(req.seq, req.block_keys)
+        hit = cache.match(req.block_keys[:usable])
+        cache.acquire(hit)
+        req.pages, req.cached_blocks = hit, len(hit)
+        req.kv_len = len(hit) * cache.page_size
+        cache.counters.queried_tokens += len(req.seq)
+        cache.counters.hit_tokens += req.kv_len
+        if hit and req.state is State.WAITING:
+            req.state = State.RUNNING
+
+    def cache_computed(self, req: Request) -> None:
+        """Offer the request's computed full blocks (its kv_len) to the prefix cache."""
+        cache = self.cache
+        full = req.kv_len // self.allocator.page_size
+        if cache is None or full <= req.cached_blocks:
+            return
+        if len(req.block_keys) < full:
+            req.block_keys = cache.block_keys(req.seq, req.block_keys)
+        cache.insert(req.block_keys[req.cached_blocks : full], req.pages[req.cached_blocks : full])
+        req.cached_blocks = full
+
     def _victim(self, req: Request, in_batch: set[int]) -> Request | None:
         holders = [
             r
@@ -99,10 +141,11 @@ class Scheduler:
         return max(holders, key=lambda r: r.arrival, default=None)
 
     def drop_kv(self, req: Request) -> None:
-        """Free a request's pages; it recomputes its committed sequence when it runs again."""
-        self.allocator.free(req.rid, req.pages)
-        req.pages = []
+        """Free a request's pages; it recomputes its committed sequence when it runs again
+        (from its longest cached prefix: its own blocks, unless they were evicted)."""
+        self.release(req)
         req.kv_len = 0
+        req.looked_up = False
 
     def preempt(self, req: Request) -> None:
         self.preemptions += 1
@@ -110,9 +153,14 @@ class Scheduler:
         if req.state is State.RUNNING:
             req.state = State.WAITING
 
-    def finish(self, req: Request) -> None:
+    def release(self, req: Request) -> None:
+        """Drop the request's pages; with the cache its computed full blocks stay there."""
+        self.cache_computed(req)
         self.allocator.free(req.rid, req.pages)
-        req.pages = []
+        req.pages, req.cached_blocks = [], 0
+
+    def finish(self, req: Request) -> None:
+        self.release(req)
         req.state = State.FINISHED
         del self.requests[req.rid]
 

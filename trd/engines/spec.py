@@ -95,6 +95,8 @@ class EngineSettings:
                               choices=CPU_LINEARS)  # fmt: skip
     attention: str = setting("auto", "attention backend: flashinfer on CUDA, torch on CPU",
                              choices=ATTENTION_BACKENDS)  # fmt: skip
+    prefix_cache: bool = setting(True, "keep full KV pages after a request and reuse them "
+                                 "for any request with the same prefix")  # fmt: skip
     pending_kv: bool = setting(True, "ablation: false frees a request's KV when it leaves")
     step_sync: bool = setting(False, "ablation: true puts a global barrier between steps")
     cuda_graphs: bool = setting(True, "on CUDA: replay captured graphs for steps that fit a bucket")

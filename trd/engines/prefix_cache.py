@@ -1,9 +1,10 @@
-"""A prefix cache over KV pages, the way vLLM's automatic prefix caching keeps one.
+"""The prefix cache over an engine's KV pages: full blocks shared by reference count.
 
 Pure Python, no torch. One page holds one block of `page_size` tokens. A FULL block
 is named by a hash chain, key_i = (hash(key_{i-1}), tokens of block i), so a key
 stands for the whole prefix up to the end of its block; a partial block is never
-cached. Every page is in exactly one of three states:
+cached (the request that writes it holds it alone). Every page is in exactly one of
+three states:
 
     referenced  ref > 0: some request's page table lists it; never evicted
     evictable   ref = 0, holds a cached block: kept in LRU order until a page is needed
@@ -14,22 +15,25 @@ cached. Every page is in exactly one of three states:
     lru:    3, 7   (oldest first)          evictable, evicted from the left
     empty:  0, 1, 4, 5, 6
 
-A request matches its longest run of cached keys, takes a reference on those pages,
-gets fresh pages for the rest, inserts its full blocks once their KV is computed, and
-releases its pages at the end. Empty pages are handed out as the engine's allocator
-hands out pages (`PageAllocator`: a request's next page follows its last when free), so
-a request's table stays one contiguous run that the CPU attention reads without a copy,
-as it does for tokenrouterd's engines. The page budget is the pool itself: a cached page
-stays until an allocation finds no empty page, then the least recently released
-evictable page is evicted. Within one release the last block is queued first, so a
-prefix's tail is evicted before its head (vLLM frees a request's blocks in reverse
-for the same reason: a head block is shared by more prefixes).
+It is the scheduler's page allocator (`allocate`, `free`, `num_free` as `PageAllocator`'s)
+plus `match`/`acquire`/`insert`. A request that holds no KV here matches its longest run
+of cached keys and takes a reference on those pages (its kv_len jumps to their end: the
+forward feeds only the rest); it gets fresh pages for the rest, its full blocks are
+inserted once their KV is computed, and `free` at its end drops its references: its
+blocks stay cached. Empty pages are handed out as `PageAllocator` hands them out (a
+request's next page follows its last when free), so a table stays one contiguous run
+that the CPU attention reads without a copy. The cache lives inside the pool the memory
+plan sized: a cached page stays until an allocation finds no empty page, then the least
+recently released evictable page goes. Within one release the last block is queued
+first, so a prefix's tail is evicted before its head (vLLM frees a request's blocks in
+reverse for the same reason: a head block is shared by more prefixes).
 
-Why a hash chain and not a radix tree (SGLang): with pages of `page_size` tokens only
-whole blocks can be shared either way, and the dispatcher's calls extend one sequence
-by a token at a time, so a lookup per block in a dict does what a tree walk would,
-with less to keep consistent. Keys compare the block's tokens exactly; the parent is
-named by its 64-bit hash, the same risk vLLM takes with its builtin-hash mode.
+Why a hash chain and not a radix tree (SGLang's): with pages of `page_size` tokens only
+whole blocks can be shared either way, and a request's sequence grows a token at a time,
+so a dict lookup per block does what a tree walk would, with less to keep consistent
+(no node splits, no parent links to update on eviction). Keys compare the block's tokens
+exactly; the parent is named by its 64-bit hash, the risk vLLM takes with its builtin
+hash mode.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ IN_USE = 0  # the empty-page allocator's one owner: every page that is not empty
 
 @dataclass
 class CacheCounters:
-    queried_blocks: int = 0  # full blocks looked up by match()
-    hit_blocks: int = 0
-    evictions: int = 0
+    queried_tokens: int = 0  # tokens of the requests that looked up a prefix (vLLM's queries)
+    hit_tokens: int = 0  # of those, served from cached pages
+    evictions: int = 0  # cached blocks dropped to reuse their page
 
 
 class PrefixCache:
@@ -64,6 +68,9 @@ class PrefixCache:
         self._lru: OrderedDict[int, None] = OrderedDict()  # evictable pages, oldest first
         self._empty = PageAllocator(num_pages, page_size)  # its free pages are the empty ones
         self.counters = CacheCounters()
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
 
     # -- keys ------------------------------------------------------------------------
     def block_keys(self, tokens: Sequence[int], known: Sequence[BlockKey] = ()) -> list[BlockKey]:
@@ -86,8 +93,6 @@ class PrefixCache:
             if page is None:
                 break
             pages.append(page)
-        self.counters.queried_blocks += len(keys)
-        self.counters.hit_blocks += len(pages)
         return pages
 
     def acquire(self, pages: Iterable[int]) -> None:
@@ -104,9 +109,10 @@ class PrefixCache:
         """Pages an allocation can get: empty ones, then evictable ones."""
         return self._empty.num_free + len(self._lru)
 
-    def allocate(self, count: int, after: int | None = None) -> list[int]:
+    def allocate(self, rid: int, count: int, after: int | None = None) -> list[int]:
         """`count` pages with one reference each: empty pages first (continuing the run
-        that ends at page `after` where they can), then LRU evictions."""
+        that ends at page `after` where they can), then LRU evictions. (`rid` is
+        PageAllocator's signature; pages here are owned by references, not by ids.)"""
         if count > self.num_free:
             raise OutOfPages(
                 f"asked for {count} pages, {self.num_free} free or evictable "
@@ -146,7 +152,7 @@ class PrefixCache:
                 new += 1
         return new
 
-    def release(self, pages: Sequence[int]) -> None:
+    def free(self, rid: int, pages: Sequence[int]) -> None:
         """Drop one reference per page; the last block becomes evictable first."""
         for page in reversed(pages):
             if self.refs[page] <= 0:
@@ -163,12 +169,13 @@ class PrefixCache:
     def num_cached(self) -> int:
         return len(self._key_of)
 
-    def check_integrity(self, tables: Iterable[Sequence[int]] | None = None) -> None:
-        """Every page is referenced xor evictable xor empty; keys and pages agree.
+    @property
+    def num_evictable(self) -> int:
+        return len(self._lru)
 
-        With `tables` (every live page table), each page's reference count must equal
-        the number of tables that list it.
-        """
+    def check_integrity(self, tables: dict[int, list[int]]) -> None:
+        """Every page is referenced xor evictable xor empty; keys and pages agree; each
+        page's reference count is the number of live page tables (`tables`) listing it."""
         if any(self._page_of.get(k) != p for p, k in self._key_of.items()) or len(
             self._page_of
         ) != len(self._key_of):
@@ -183,10 +190,9 @@ class PrefixCache:
             raise AssertionError("pages leaked: referenced + evictable + empty != total")
         if lru != {p for p in self._key_of if self.refs[p] == 0} or empty & set(self._key_of):
             raise AssertionError("an unreferenced cached page is not evictable, or empty & cached")
-        if tables is not None:
-            counts = [0] * self.num_pages
-            for table in tables:
-                for page in table:
-                    counts[page] += 1
-            if counts != self.refs:
-                raise AssertionError("reference counts disagree with the live page tables")
+        counts = [0] * self.num_pages
+        for table in tables.values():
+            for page in table:
+                counts[page] += 1
+        if counts != self.refs:
+            raise AssertionError("reference counts disagree with the live page tables")
