@@ -169,7 +169,8 @@ def test_randomized_requests_always_match_their_own_prefix(seed: int) -> None:
             for i, page in enumerate(hit):
                 assert content[page] == tuple(tokens[: (i + 1) * PS])
             cache.acquire(hit)
-            pages = hit + cache.allocate(0, -(-len(tokens) // PS) - len(hit), hit[-1] if hit else None)
+            need = -(-len(tokens) // PS) - len(hit)
+            pages = hit + cache.allocate(0, need, hit[-1] if hit else None)
             for i in range(len(hit), len(pages)):  # compute the uncached suffix
                 content[pages[i]] = tuple(tokens[: min(len(tokens), (i + 1) * PS)])
             cache.insert(keys, pages)

@@ -24,8 +24,8 @@ PAGE = 16
 
 
 def engine(path: Path, prefix_cache: bool, kv_tokens: int = 4096) -> StdEngine:
-    spec = EngineSpec.of(path, kv_tokens=kv_tokens, page_size=PAGE)
-    return StdEngine(spec, prefix_cache=prefix_cache, profile=Profile())
+    spec = EngineSpec.of(path, kv_tokens=kv_tokens, page_size=PAGE, prefix_cache=prefix_cache)
+    return StdEngine(spec, profile=Profile())
 
 
 def call(e: StdEngine, prompts: Sequence[list[int]]) -> tuple[list[int], int]:
@@ -77,7 +77,7 @@ def test_cached_calls_match_stateless_calls_and_feed_only_suffixes(
     prof = cached.profile.snapshot()
     assert prof["calls"] == len(prompts) * steps
     assert prof["cached_tokens"] == sum(len(p) + i for p in prompts for i in range(steps)) - fed
-    assert all(prof["seconds"][k] > 0 for k in ("admit", "match", "lock", "insert", "unlock"))
+    assert all(prof["seconds"][k] > 0 for k in ("admit", "match", "insert", "unlock"))
     assert plain.profile.snapshot()["cached_tokens"] == 0
     # Pages are handed out in runs: each sequence's cached blocks lie in consecutive
     # pages though the three grew side by side (so the CPU attention reads views).
@@ -98,7 +98,7 @@ def test_shared_prefix_full_hit_and_concurrent_requests(
     # All of `base` is cached now: the call recomputes its last block (>= 1 token fed).
     tokens, fed = call(cached, [base])
     assert (tokens, fed) == (call(plain, [base])[0], PAGE)
-    assert cached.cache is not None and cached.cache.counters.hit_blocks >= 1
+    assert cached.cache is not None and cached.cache.counters.hit_tokens >= PAGE
 
 
 def test_eviction_under_a_tight_page_budget_keeps_outputs(

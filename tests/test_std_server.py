@@ -38,8 +38,8 @@ async def serve_and_dispatch(
 ) -> tuple[list[Record], dict[str, Any]]:
     runners, urls = [], []
     for m in MODELS:
-        spec = EngineSpec.of(models[m])
-        engine = StdEngine(spec, prefix_cache=prefix_cache, profile=Profile())
+        spec = EngineSpec.of(models[m], prefix_cache=prefix_cache)
+        engine = StdEngine(spec, profile=Profile())
         runner = web.AppRunner(make_app(engine))
         await runner.setup()
         port = free_port()
@@ -88,7 +88,7 @@ def test_cached_servers_reproduce_stateless_tokens_and_profile_calls(
 
 
 def test_report_shows_the_profile_next_to_the_papers() -> None:
-    seconds = {"http_json": 1.0, "admit": 1.0, "match": 2.0, "lock": 1.0, "forward": 4.0,
+    seconds = {"http_json": 1.0, "admit": 1.0, "match": 3.0, "forward": 4.0,
                "insert": 0.5, "unlock": 0.5}  # fmt: skip
     prof = {"calls": 1000, "prompt_tokens": 10000, "cached_tokens": 9000,
             "seconds": seconds, "shares": shares(seconds)}  # fmt: skip
@@ -96,7 +96,7 @@ def test_report_shows_the_profile_next_to_the_papers() -> None:
     run = {"system": "std", "workload": "long@512", "wall_s": 20.0, "profile": profile}
     lines = profile_table([run, {"system": "std", "workload": "short"}])
     assert lines[0] == "| phase | paper (SGLang, small model) | std small | std large |"
-    assert "| match | 20.9% | 20.0% (2.00) | 20.0% (2.00) |" in lines
+    assert "| match | 38.4% | 30.0% (3.00) | 30.0% (3.00) |" in lines
     assert "| forward | 4.2% | 40.0% (4.00) | 40.0% (4.00) |" in lines
     assert "| http_json | - | 10.0% (1.00) | 10.0% (1.00) |" in lines
     assert lines[-2] == "| prompt tokens served from the cache | - | 90% | 90% |"

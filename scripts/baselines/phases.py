@@ -5,8 +5,8 @@
     http_json  decode the JSON body, encode the response (in the aiohttp handler; the
                HTTP parsing and writing aiohttp does around the handler are not in it)
     admit      validate the prompt and queue the request in the engine
-    match      hash the prompt's full blocks, look up the longest cached prefix
-    lock       take references on the matched pages, hand them to the request
+    match      hash the prompt's full blocks, look up the longest cached prefix, take
+               references on the matched pages (SGLang's match and lock)
     forward    the batched forward over the uncached suffixes, sampling, entropy
     insert     cache the request's full blocks after its forward
     unlock     release the request's page references (finish)
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-PHASES = ("http_json", "admit", "match", "lock", "forward", "insert", "unlock")
+PHASES = ("http_json", "admit", "match", "forward", "insert", "unlock")
 
 
 class Profile:

@@ -124,9 +124,13 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     spec = EngineSpec.of(
-        args.model, dtype="float32", kv_tokens=args.kv_tokens, page_size=args.page_size
+        args.model,
+        dtype="float32",
+        kv_tokens=args.kv_tokens,
+        page_size=args.page_size,
+        prefix_cache=not args.no_prefix_cache,
     )
-    engine = StdEngine(spec, prefix_cache=not args.no_prefix_cache, profile=Profile())
+    engine = StdEngine(spec, profile=Profile())
     web.run_app(make_app(engine), host="127.0.0.1", port=args.port, print=None)
 
 
