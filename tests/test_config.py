@@ -117,6 +117,8 @@ BAD = [  # (key to set, value, expected start of the message)
     ("models.1.path", "/nonexistent/model", "models[1].path: '/nonexistent/model': not a servable"),
     ("models.1.name", "small", "models[1].name: 'small': duplicate model name"),
     ("models.0.gpu", 1, "models[0].gpu: 1: unknown key"),
+    ("models.1.prefix_cache", "off", "models[1].prefix_cache: 'off': expected true or false"),
+    ("engine.prefix_cache", 0, "engine.prefix_cache: 0: expected true or false"),
     ("policy.name", "nope", "policy.name: 'nope': unknown policy"),
     ("policy.tau", 0.5, "policy.tau: 0.5: unknown parameter of rstitch"),
     ("policy.threshold", 7, "policy.threshold: 7: expected a number in [0, 1]"),
@@ -249,6 +251,13 @@ def test_check_prints_the_plan_and_bad_configs_exit_2(
     out = capsys.readouterr().out
     assert out.startswith("config OK: 2 models on cpu, policy rstitch, max_model_len 256")
     assert "KV tokens" in out and "small" in out and "large" in out
+    assert "prefix cache: small on, large on" in out
+    raw["models"][1]["prefix_cache"] = False
+    good.write_text(yaml.safe_dump({**raw, "max_model_len": 256}))
+    assert daemon_main(["--check", "--config", str(good)]) == 0
+    assert "prefix cache: small on, large off" in capsys.readouterr().out
+    specs = plan_deployment(load_config(good)).specs
+    assert [s.settings.prefix_cache for s in specs] == [True, False]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**raw, "engine": {"page_size": -4}}))
     assert daemon_main(["--check", "--config", str(bad)]) == EXIT_CONFIG

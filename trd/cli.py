@@ -103,13 +103,14 @@ def format_status(s: dict[str, Any]) -> str:
         + f"; handoffs {_num(s['handoffs_per_s']) or '-'}/s",
     ]
     rows: list[list[object]] = [["#", "model", "host", "pid", "device", "dtype", "state", "kv used",
-                                 "kv free", "run", "wait", "pend", "tok/s", "handoff/s", "batch",
-                                 "thresholds"]]  # fmt: skip
+                                 "kv free", "cached", "hit", "evicted", "run", "wait", "pend",
+                                 "tok/s", "handoff/s", "batch", "thresholds"]]  # fmt: skip
     for e in s["engines"]:
         rows.append([
             e["model"], e["name"], e.get("remote") or "local", e["pid"], e["device"], e["dtype"],
             e["state"],
-            e["kv_pages_used"], e["kv_pages_free"], e["running"], e["waiting"], e["pending"],
+            e["kv_pages_used"], e["kv_pages_free"], *format_cache(e),
+            e["running"], e["waiting"], e["pending"],
             _num(e["tokens_per_s"]), _num(e["handoffs_per_s"]), _num(e["batch_size_mean"]),
             e["thresholds"],
         ])  # fmt: skip
@@ -118,6 +119,14 @@ def format_status(s: dict[str, Any]) -> str:
         head.append(format_share(s["share"]))
     return "\n".join([*head, format_mps(s["mps"]), "", table(rows), f"max_wait_ms {wait:g}", "",
                       "memory plan:", s["memory_plan_table"]])  # fmt: skip
+
+
+def format_cache(e: dict[str, Any]) -> list[object]:
+    """An engine's prefix cache: cached pages, hit rate (tokens matched / asked), evictions."""
+    c = e.get("prefix_cache")
+    if c is None:
+        return ["-" if e["kv_pages_used"] is None else "off", "-", "-"]
+    return [c["cached_pages"], f"{c['hit_rate']:.0%}", c["evictions"]]
 
 
 def format_share(c: dict[str, Any]) -> str:

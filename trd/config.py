@@ -9,8 +9,10 @@
     memory: {budget_gib: auto | GiB, fraction: 0.9, max_kv_tokens: auto | N}
     max_model_len: N (default: the smallest context of the models)
     max_inflight: 256               stall_timeout_s: 120
-    models: [{name, path, dtype, remote}, ...]     first = entry model
+    models: [{name, path, dtype, remote, prefix_cache}, ...]     first = entry model
                                     remote: HOST:PORT = served by `tokenrouterd engine` there
+                                    prefix_cache: false = this model's engine keeps no
+                                    prefix cache (default: engine.prefix_cache, true)
     remote_token: a secret both hosts share (required with a remote model)
     policy: {name: rstitch, <the policy's params: trd/policies/params.py>,
              target_large_share: 0 < s < 1 (a policy with a threshold: held by the daemon)}
@@ -31,6 +33,7 @@ same file with `serve=NAME` and reads only that model's checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -108,6 +111,13 @@ class ModelEntry:
     # Read once, here; the memory plan and the engine use it. None: another host runs it.
     checkpoint: Checkpoint | None
     remote: Address | None = None  # the `tokenrouterd engine` the daemon connects to
+    prefix_cache: bool | None = None  # this model's own switch; None: engine.prefix_cache
+
+    def settings(self, engine: EngineSettings) -> EngineSettings:
+        """The engine settings this model runs with: `engine:`, its own switches applied."""
+        if self.prefix_cache is None:
+            return engine
+        return dataclasses.replace(engine, prefix_cache=self.prefix_cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +363,7 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
             if raw_remote is None
             else parse_address(f"models[{i}].remote", raw_remote, allow_unix=False)
         )
+        prefix_cache = sec.boolean("prefix_cache") if "prefix_cache" in sec.keys() else None
         sec.done()
         if i == 0 and remote is not None:
             fail("models[0].remote", raw_remote, "the entry model runs with the daemon: the "
@@ -363,7 +374,7 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
                 ckpt = read_checkpoint(path)
             except CheckpointError as exc:
                 fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
-        entries.append(ModelEntry(name, path, dtype, ckpt, remote))
+        entries.append(ModelEntry(name, path, dtype, ckpt, remote, prefix_cache))
     if serve is not None:
         if serve not in [e.name for e in entries]:
             names = [e.name for e in entries]

@@ -20,11 +20,13 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from trd.engines.engine import Engine
 from trd.engines.outbound import PeerGone, Send
+from trd.engines.prefix_cache import PrefixCache
 from trd.engines.request import State
 from trd.engines.router import RoutingEngine
 from trd.engines.spec import EngineSpec
@@ -116,12 +118,25 @@ def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
         "running": states.count(State.RUNNING), "waiting": states.count(State.WAITING),
         "pending": states.count(State.PENDING), "kv_pages_total": alloc.num_pages,
         "kv_pages_used": alloc.num_pages - alloc.num_free, "page_size": alloc.page_size,
+        "prefix_cache": prefix_cache_stats(sched.cache),
         "thresholds": node.launch.thresholds, "max_wait_ms": node.launch.max_wait * 1e3,
         "held_launches": node.launch.held_launches, "held_s": node.launch.held_seconds,
         "threads": spec.threads, "wide_forwards": node.threads.wide_forwards,
         "time": time.time(), **node.stats.snapshot(),
     }  # fmt: skip
     return json.dumps(body)
+
+
+def prefix_cache_stats(cache: PrefixCache | None) -> dict[str, Any] | None:
+    """The cache's pages and counters; hit rate = tokens matched / tokens asked."""
+    if cache is None:
+        return None
+    c = cache.counters
+    return {
+        "cached_pages": cache.num_cached, "evictable_pages": cache.num_evictable,
+        "queries": c.queried_tokens, "hits": c.hit_tokens, "evictions": c.evictions,
+        "hit_rate": c.hit_tokens / c.queried_tokens if c.queried_tokens else 0.0,
+    }  # fmt: skip
 
 
 def handle_control(node: RoutingEngine, body: str) -> None:
@@ -210,6 +225,8 @@ def serve(
             torch.set_num_threads(node.threads.begin(runnable))
             node.step()
             node.threads.end()
+            if not node.requests:  # idle now: every page is free or cached, none leaked
+                node.engine.check_integrity()
             # What arrived during the step first: a handoff waits for nothing else.
             if handle_inbound(node, outbox):
                 last_stats = 0.0

@@ -54,9 +54,11 @@ class RoutingEngine:
         self.threads = ThreadShare(
             spec.index, spec.threads, spec.threads_alone, spec.host_peers, counters
         )
-        # Ablation: without pending KV a request's pages are freed when it leaves.
+        # A request that leaves keeps its pages, its full blocks shared from now on (the
+        # cache); the ablation without pending KV frees them (still cached, if on).
+        sched = engine.scheduler
         self.leave: Callable[[Request], None] = (
-            (lambda req: None) if spec.settings.pending_kv else engine.scheduler.drop_kv
+            sched.cache_computed if spec.settings.pending_kv else sched.drop_kv
         )
 
     @property

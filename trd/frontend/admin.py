@@ -233,7 +233,7 @@ class AdminApi:
                 "handoffs_per_s": hand_s, "tokens_committed": s.get("tokens_committed"),
                 "handoffs_out": s.get("handoffs_out"), "thresholds": s.get("thresholds"),
                 "max_wait_ms": s.get("max_wait_ms"), "threads": s.get("threads"),
-                "wide_forwards": s.get("wide_forwards"),
+                "wide_forwards": s.get("wide_forwards"), "prefix_cache": s.get("prefix_cache"),
             })  # fmt: skip
         return out
 

@@ -9,6 +9,11 @@ names (its defaults; each can be renamed by a flag):
     vllm:kv_cache_usage_perc    its KV-cache scorer: the pod with the most free KV, 0..1
     vllm:cache_config_info      labels block_size and num_gpu_blocks (prefix-cache scorer)
 
+and, for dashboards, vLLM's prefix-cache counters, a series per engine (label `engine`):
+`vllm:prefix_cache_queries` (tokens of requests that looked up a cached prefix) and
+`vllm:prefix_cache_hits` (of those, tokens served from the cache); hits / queries is
+the hit rate. An engine restarts them from 0 when it restarts (its cache is empty).
+
 In each family it takes the series whose labels match its spec (no labels by default)
 with the newest timestamp. Our samples carry no timestamp, so it takes the FIRST series:
 each gauge therefore has exactly one series per pod (a series per engine would have the
@@ -23,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from trd.engines.spec import EngineSpec
@@ -47,6 +52,9 @@ CACHE_HELP = (
     "KV cache of each engine, value 1: block_size = tokens per page, num_gpu_blocks = "
     "its pages (on CPU too), cache_dtype. The entry engine's series comes first."
 )
+
+QUERIES_HELP = "Tokens of the requests that looked up a cached prefix on this engine."
+HITS_HELP = "Of the tokens looked up, those served from this engine's prefix cache."
 
 
 class VllmCollector(Collector):
@@ -83,6 +91,19 @@ class VllmCollector(Collector):
             labels = [spec.name, str(spec.settings.page_size), str(pages), spec.dtype]
             info.add_metric([self.model_name, *labels], 1.0)
         yield info
+        yield from self._prefix_cache(stats)
+
+    def _prefix_cache(self, stats: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+        names = ["model_name", "engine"]
+        queries = CounterMetricFamily("vllm:prefix_cache_queries", QUERIES_HELP, labels=names)
+        hits = CounterMetricFamily("vllm:prefix_cache_hits", HITS_HELP, labels=names)
+        for spec in self.engines:
+            cache = stats.get(spec.name, {}).get("prefix_cache")
+            if cache:  # off, or no stats yet
+                queries.add_metric([self.model_name, spec.name], cache["queries"])
+                hits.add_metric([self.model_name, spec.name], cache["hits"])
+        yield queries
+        yield hits
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=["model_name"])

@@ -152,7 +152,7 @@ def _spec(
         num_models=len(cfg.models),
         max_model_len=cfg.max_model_len,
         policy=cfg.policy,
-        settings=cfg.engine,
+        settings=m.settings(cfg.engine),
         threads=cfg.threads(),
         # On a GPU the forward is not the CPU threads' work: never wider there.
         threads_alone=cfg.threads_alone() if gpu is None else 0,
@@ -175,7 +175,7 @@ def _remote(cfg: Config, i: int, m: ModelEntry) -> RemoteSpec:
         entry_dir=cfg.models[0].path,
         dtype=m.dtype,
         policy=cfg.policy,
-        settings=cfg.engine,
+        settings=m.settings(cfg.engine),
         thresholds=cfg.thresholds.get(m.name, (1,)),
         batching=cfg.batching,
     )
