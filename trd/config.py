@@ -363,7 +363,8 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
             if raw_remote is None
             else parse_address(f"models[{i}].remote", raw_remote, allow_unix=False)
         )
-        prefix_cache = sec.boolean("prefix_cache") if "prefix_cache" in sec.keys() else None
+        cache = sec.get("prefix_cache", None)
+        prefix_cache = None if cache is None else sec.boolean("prefix_cache")
         sec.done()
         if i == 0 and remote is not None:
             fail("models[0].remote", raw_remote, "the entry model runs with the daemon: the "
