@@ -22,6 +22,10 @@ quicker second table). The report:
     .venv/bin/python scripts/bench.py --pair demo --out bench_results/demo.json
     .venv/bin/python scripts/bench.py --pair tiny --out bench_results/tiny.json
     .venv/bin/python scripts/bench_report.py bench_results/demo.json --tiny bench_results/tiny.json
+
+`--agent` runs only the agent-trajectory workload (`benchkit/agent.py`: multi-turn
+conversations resending all so far; tokenrouterd with its prefix cache on and off,
+standard serving, the official loop) and prints its table.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 import torch
 
+from benchkit.agent_run import AgentBench, agent_table
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
 from benchkit.runner import Bench
@@ -47,6 +52,7 @@ def main() -> None:
     ap.add_argument("--tau", type=float, help="R-Stitch entropy threshold (default: the pair's)")
     ap.add_argument("--cache-dir", type=Path, help="fixture model cache (default: ~/.cache)")
     ap.add_argument("--out", type=Path, default=Path("bench_results/all.json"))
+    ap.add_argument("--agent", action="store_true", help="only the agent-trajectory workload")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the engines under test need the other cores
     pair = load_pair(args.pair, args.cache_dir)
@@ -54,6 +60,11 @@ def main() -> None:
     logs = args.out.parent / f"logs-{args.pair}"
     logs.mkdir(exist_ok=True)
     tau = DEFAULT_TAU[args.pair] if args.tau is None else args.tau
+    if args.agent:
+        agent = asyncio.run(AgentBench(pair, tau, logs).run_all())
+        args.out.write_text(json.dumps(agent, indent=1))
+        print("\n".join(agent_table(agent)))
+        return
     bench = Bench(PLANS[args.plan], pair, tau, logs)
     result: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

@@ -52,6 +52,27 @@ def jobs(tokenizer_dir: Path, count: int = 32) -> list[Job]:
     return out
 
 
+def shared_prefix_jobs(tokenizer_dir: Path, count: int = 8) -> list[Job]:
+    """Prompts that share long prefixes, as chats with one system prompt and agent turns
+    do: a 40-token head common to all, one of two 24-token middles, a tail of 1..6 tokens
+    of its own (so whole 16-token blocks are shared and the last is partial); outputs of
+    12..20 tokens, greedy except one seeded sample."""
+    text = [p for p in prompts(tokenizer_dir, 64) if len(p) >= 40]
+    head, middles = text[0][:40], [text[1][:24], text[2][:24]]
+    out = []
+    for i in range(count):
+        tail = text[3 + i][: 1 + i % 6]
+        sampled = i % 4 == 3
+        params = SamplingParams(
+            max_tokens=12 + 4 * (i % 3),
+            ignore_eos=True,
+            temperature=0.8 if sampled else 0.0,
+            seed=2000 + i if sampled else None,
+        )
+        out.append(([*head, *middles[i % 2], *tail], params))
+    return out
+
+
 def specs(
     paths: list[Path], policy: str, params: dict[str, Any], kv_tokens: int = 16384, **settings: Any
 ) -> list[EngineSpec]:

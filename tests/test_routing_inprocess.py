@@ -24,7 +24,7 @@ from trd.protocol import FinishReason, SamplingParams
 from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 from trd.testing.wiring import assert_matches
 
-from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference, wired
+from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference, shared_prefix_jobs, wired
 
 CASES = [
     ("rstitch", {"threshold": 0.78}, 2),
@@ -49,6 +49,23 @@ def test_interleavings_match_the_reference(
     assert_matches(wiring, expected)
     assert wiring.injected > 0
     assert sum(g.duplicates for g in wiring.tracked.values()) > 0  # Emits came twice, ignored
+
+
+@pytest.mark.parametrize("policy,params,n_models", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_shared_prefixes_come_from_the_cache_and_match_the_reference(
+    tiny_models: dict[str, Path], policy: str, params: dict, n_models: int
+) -> None:
+    """With the prefix cache (on by default), at 1, 4 and 16 requests in flight: the
+    reference's tokens, and every token of a shared prefix fed once per engine or taken
+    from its cache (assert_matches counts both)."""
+    paths = [tiny_models[n] for n in MODEL_SETS[n_models]]
+    work = shared_prefix_jobs(paths[0])
+    expected = reference(paths, policy, params, work)
+    for concurrency in (1, 4, 16):
+        wiring = wired(paths, policy, params, seed=10 * n_models + concurrency)
+        wiring.run(work, concurrency)
+        assert_matches(wiring, expected)
+        assert wiring.hits()[0] >= 40 * (len(work) - 2)  # the head, for all but the first
 
 
 def test_an_engine_expects_a_return_while_its_request_is_away(

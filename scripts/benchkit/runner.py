@@ -48,7 +48,10 @@ from benchkit.workloads import Workload, prompts
 MODEL = "small+large"
 FORCED_DELAY = [1, 1, 1, 2, 2, 2, 2, 4]  # the large model's B by active requests (8+: 4)
 STD = {"std": True, "std_nocache": False}  # standard-serving systems: prefix cache on?
-ABLATIONS = {"no_pending_kv": {"pending_kv": False}, "step_sync": {"step_sync": True}}
+ABLATIONS = {
+    "no_pending_kv": {"pending_kv": False, "prefix_cache": False},  # the cache would refill it
+    "step_sync": {"step_sync": True},
+}
 
 
 def machine() -> dict[str, Any]:

@@ -6,8 +6,9 @@ what the GPU check and scripts/demo_quality.py use. `Wiring(specs, seed=n)` choo
 interleavings: it steps random engines, delivers random amounts of their inboxes,
 duplicates half the peer messages and Emits, inserted out of order, and checks every
 engine's integrity after each step (the routing tests). `run` drives a workload to the
-end; `assert_matches` compares it with reference-loop traces (tokens, producers, finish,
-tokens fed per model) and checks that every engine freed every page.
+end (`concurrency` at a time, or all at once); `assert_matches` compares it with
+reference-loop traces (tokens, producers, finish, tokens fed or taken from the prefix
+cache per model) and checks that every engine freed every page.
 """
 
 from __future__ import annotations
@@ -93,18 +94,29 @@ class Wiring:
             self.engines[node].inbox.handle(msg)
         del box[:take]
 
-    def run(self, work: Sequence[Job], ticks: int = 200_000) -> list[Generation]:
-        """Submit every job (request ids 0, 1, ...) and tick until each request is complete
-        and every engine is done with it; the generations in request order."""
+    def run(
+        self, work: Sequence[Job], concurrency: int = 0, ticks: int = 200_000
+    ) -> list[Generation]:
+        """Submit the jobs (request ids 0, 1, ...; at most `concurrency` unfinished, 0: all
+        at once) and tick until each request is complete and every engine is done with
+        it; the generations in request order."""
         first = len(self.tracked)
-        for rid, (prompt, params) in enumerate(work, start=first):
-            self.submit(rid, prompt, params)
-        mine = [self.tracked[rid] for rid in range(first, first + len(work))]
+        rids = range(first, first + len(work))
+        done = lambda g: g.complete and g.all_done  # noqa: E731
         for _ in range(ticks):
-            if all(g.complete and g.all_done for g in mine):
+            mine = [self.tracked[rid] for rid in rids if rid in self.tracked]
+            busy = sum(not done(g) for g in mine)
+            for rid in rids[len(mine) :][: concurrency - busy if concurrency else None]:
+                self.submit(rid, *work[rid - first])
+            if len(mine) == len(work) and all(map(done, mine)):
                 return mine
             self.tick()
         raise RuntimeError("the routed workload did not finish")
+
+    def hits(self) -> dict[int, int]:
+        """Tokens each engine took from its prefix cache so far."""
+        caches = {m: e.engine.scheduler.cache for m, e in enumerate(self.engines)}
+        return {m: c.counters.hit_tokens for m, c in caches.items() if c is not None}
 
 
 def assert_matches(wiring: Wiring, expected: Sequence[Trace]) -> None:
@@ -113,9 +125,25 @@ def assert_matches(wiring: Wiring, expected: Sequence[Trace]) -> None:
         assert got.tokens == trace.tokens, f"request {rid}"
         assert got.models == trace.models, f"request {rid}"
         assert got.finish == trace.finish
-        fed = {m: d.fed_tokens for m, d in got.dones.items()}
-        assert fed == trace.fed, f"request {rid}: fed tokens per model"
+    check_fed([wiring.tracked[rid] for rid in range(len(expected))], expected, wiring.hits())
     for e in wiring.engines:
         assert not e.requests
         alloc = e.engine.scheduler.allocator
-        assert alloc.num_free == alloc.num_pages
+        assert alloc.num_free == alloc.num_pages  # cached pages are all evictable
+
+
+def check_fed(
+    results: Sequence[Generation], expected: Sequence[Trace], hits: dict[int, int]
+) -> None:
+    """Each model fed or took from its prefix cache every token of the sequence it ran
+    on exactly once: never the full context again on a return, never a cached token again.
+
+    `hits`: tokens each model matched in its cache over these requests."""
+    skipped: dict[int, int] = {}
+    for i, (got, want) in enumerate(zip(results, expected, strict=True)):
+        fed = {m: d.fed_tokens for m, d in got.dones.items()}
+        assert fed.keys() == want.fed.keys(), f"request {i}: models {fed} vs {want.fed}"
+        assert all(fed[m] <= want.fed[m] for m in fed), f"request {i}: {fed} vs {want.fed}"
+        for m, n in fed.items():
+            skipped[m] = skipped.get(m, 0) + want.fed[m] - n
+    assert skipped == {m: hits.get(m, 0) for m in skipped}, f"skipped {skipped}, hits {hits}"

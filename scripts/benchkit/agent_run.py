@@ -1,0 +1,206 @@
+"""Runs the agent workload (`agent.py`) on every system and makes its table.
+
+    official              one turn at a time (the research loop): the reference outputs
+    tokenrouterd          the daemon, each engine's prefix cache on (the default)
+    tokenrouterd_nocache  the daemon with `engine.prefix_cache: false`
+    std                   standard servers with their prefix cache + the HTTP dispatcher
+
+At each N the same conversations run on every system; every turn's output ids and
+producers are compared with the official loop's. TTFT is reported from the second
+turn on (the first turn of a conversation has nothing of its own cached). The daemon's
+measured hit rate is its entry engine's (every turn arrives there as a new request:
+tokens matched / prompt tokens), next to `perfect_hits` of the same run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from trd.protocol import SamplingParams
+
+from baselines.dispatcher import Dispatcher
+from baselines.official import OfficialRouter
+from benchkit.agent import (
+    SHAPES,
+    Conversation,
+    Turn,
+    closed_loop_conversations,
+    conversations,
+    perfect_hits,
+)
+from benchkit.client import OpenAIClient, Record
+from benchkit.pairs import Pair
+from benchkit.systems import DTYPE, daemon_config, start_daemon, start_std_servers
+
+MODEL = "small+large"
+PAGE_SIZE = 16  # engine.page_size's default, and the standard server's
+DAEMONS = {"tokenrouterd": {}, "tokenrouterd_nocache": {"prefix_cache": False}}
+
+
+def summarize(turns: list[list[Turn]], wall: float) -> dict[str, Any]:
+    later = [t.record for conv in turns for t in conv[1:]]
+    every = [t.record for conv in turns for t in conv]
+    tokens = sum(r.output_tokens for r in every)
+    return {
+        "turns": len(every), "wall_s": wall, "output_tokens": tokens, "throughput": tokens / wall,
+        "ttft_p50": float(np.percentile([r.ttft for r in later], 50)),
+        "ttft_p99": float(np.percentile([r.ttft for r in later], 99)),
+        "ttft1_p50": float(np.percentile([c[0].record.ttft for c in turns], 50)),
+        "tpot_mean": float(np.mean([r.tpot for r in every])),
+    }  # fmt: skip
+
+
+class AgentBench:
+    def __init__(self, pair: Pair, tau: float, logs: Path, ns: tuple[int, ...] = (4, 16)):
+        self.pair, self.tau, self.logs, self.ns = pair, tau, logs, ns
+        self.shape = SHAPES[pair.name]
+        # Each N runs conversations of its own (2 per worker), and one more warms up.
+        self.first = dict(zip(ns, np.cumsum([0, *(2 * n for n in ns)]).tolist(), strict=False))
+        total = sum(2 * n for n in ns)
+        self.convs = conversations(pair.models["small"], self.shape, total + 1)
+        self.context = self.shape.longest + 16
+        self.kv_tokens = 2 * max(ns) * self.context  # room for N conversations, twice over
+        self.reference: dict[tuple[int, int], tuple[list[int], list[str]]] = {}
+        self.runs: list[dict[str, Any]] = []
+
+    def batch(self, n: int) -> list[Conversation]:
+        """The conversations of the run at N = n: each worker serves two, one after the other."""
+        return self.convs[self.first[n] : self.first[n] + 2 * n]
+
+    async def run_all(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        await self.run_official()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            for name, engine in DAEMONS.items():
+                await self.run_daemon(session, name, engine)
+            await self.run_std(session)
+        return {"shape": asdict(self.shape), "page_size": PAGE_SIZE, "tau": self.tau,
+                "total_s": time.perf_counter() - started, "runs": self.runs}  # fmt: skip
+
+    def record(self, system: str, n: int, turns: list[list[Turn]], wall: float) -> dict[str, Any]:
+        every = [t for conv in turns for t in conv]
+        wrong = [
+            t
+            for t in every
+            if self.reference.get((t.conv, t.index)) != (t.record.token_ids, t.record.models)
+        ]
+        hits, asked = perfect_hits(every, PAGE_SIZE)
+        run = {"system": system, "n": n, **summarize(turns, wall), "perfect_hit_rate": hits / asked,
+               "diverging_turns": len(wrong)}  # fmt: skip
+        self.runs.append(run)
+        print(f"{system:22} N={n:<3} TTFT(t>=2) p50 {1e3 * run['ttft_p50']:8.1f} ms  "
+              f"{run['throughput']:7.1f} tok/s  diverging {len(wrong)}", flush=True)  # fmt: skip
+        return run
+
+    async def run_official(self) -> None:
+        paths = [self.pair.models[m] for m in self.pair.models]
+        names = list(self.pair.models)
+        router = OfficialRouter(paths, "rstitch", {"threshold": self.tau}, DTYPE)
+
+        async def send(prompt: list[int], max_tokens: int) -> Record:
+            out = router.generate(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            return Record(prompt, out.ttft, out.latency, out.tokens, [names[m] for m in out.models])
+
+        turns, wall = await closed_loop_conversations(
+            send, self.convs[:-1], self.shape.answer_tokens, 1
+        )
+        for conv in turns:
+            for t in conv:
+                self.reference[(t.conv, t.index)] = (t.record.token_ids, t.record.models)
+        self.record("official", 1, turns, wall)
+
+    async def run_daemon(
+        self, session: aiohttp.ClientSession, name: str, engine: dict[str, Any]
+    ) -> None:
+        cfg = daemon_config(self.pair.models, self.tau, engine, self.kv_tokens, self.context)
+        d = start_daemon(name, cfg, self.logs)
+        send = OpenAIClient(session, d.server.url, MODEL).send
+        try:
+            await self.warmup(send)
+            for n in self.ns:
+                before = d.fresh_stats(time.time())
+                turns, wall = await self.conversations(send, n)
+                after = d.fresh_stats(time.time())
+                run = self.record(name, n, turns, wall)
+                run["hit_rate"] = hit_rate(before, after)
+        finally:
+            d.server.stop()
+
+    async def run_std(self, session: aiohttp.ClientSession) -> None:
+        servers = start_std_servers("std", self.pair.models, self.logs, True, self.kv_tokens)
+        try:
+            urls = [servers[m].url for m in self.pair.models]
+            send = Dispatcher(session, urls, list(self.pair.models), self.tau).send
+            await self.warmup(send)
+            for n in self.ns:
+                turns, wall = await self.conversations(send, n)
+                self.record("std", n, turns, wall)
+        finally:
+            for s in servers.values():
+                s.stop()
+
+    async def conversations(self, send: Any, n: int) -> tuple[list[list[Turn]], float]:
+        turns, wall = await closed_loop_conversations(
+            send, self.batch(n), self.shape.answer_tokens, n
+        )
+        for conv in turns:  # numbered as in the reference
+            for t in conv:
+                t.conv += self.first[n]
+        return turns, wall
+
+    async def warmup(self, send: Any) -> None:
+        """Two short unrelated requests: the models are loaded and the first forwards run."""
+        warm = Conversation(self.convs[-1].tools[0], [self.convs[-1].tools[1]])
+        await closed_loop_conversations(send, [warm, warm], 4, 2)
+
+
+def hit_rate(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Tokens matched / prompt tokens looked up, per engine, between two stats snapshots."""
+    out = {}
+    for name, body in after.items():
+        a, b = body.get("prefix_cache"), before.get(name, {}).get("prefix_cache")
+        if a and b and a["queries"] > b["queries"]:
+            out[name] = (a["hits"] - b["hits"]) / (a["queries"] - b["queries"])
+    return out
+
+
+def agent_table(result: dict[str, Any]) -> list[str]:
+    """The markdown table of an agent run, then each N's targets, met or missed."""
+    lines = [
+        "| system | N | TTFT p50 turn>=2 (ms) | TTFT p99 turn>=2 (ms) | TTFT p50 turn 1 (ms) "
+        "| TPOT (ms) | output tok/s | hit rate: entry engine / perfect | diverging turns |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        hit = r.get("hit_rate", {}).get("small")
+        hits = f"{hit:.1%} / {r['perfect_hit_rate']:.1%}" if hit is not None else "-"
+        lines.append(
+            f"| {r['system']} | {r['n']} | {1e3 * r['ttft_p50']:.1f} | {1e3 * r['ttft_p99']:.1f} "
+            f"| {1e3 * r['ttft1_p50']:.1f} | {1e3 * r['tpot_mean']:.2f} | {r['throughput']:.1f} "
+            f"| {hits} | {r['diverging_turns']}/{r['turns']} |"
+        )
+    by = {(r["system"], r["n"]): r for r in result["runs"]}
+    for n in sorted({r["n"] for r in result["runs"] if r["system"] == "tokenrouterd"}):
+        on, off, std = by[("tokenrouterd", n)], by[("tokenrouterd_nocache", n)], by[("std", n)]
+        ttft = off["ttft_p50"] / on["ttft_p50"]
+        tput = on["throughput"] / off["throughput"]
+        hit = on.get("hit_rate", {}).get("small", 0.0) / on["perfect_hit_rate"]
+        lines.append(
+            f"- N={n}: TTFT p50 (turn >= 2) {ttft:.1f}x lower with the cache (target 5x: "
+            f"{met(ttft >= 5)}); throughput {tput:.2f}x (target 2x: {met(tput >= 2)}); "
+            f"TTFT {1e3 * on['ttft_p50']:.1f} ms vs standard serving's "
+            f"{1e3 * std['ttft_p50']:.1f} ms (target <=: {met(on['ttft_p50'] <= std['ttft_p50'])})"
+            "; "
+            f"hit rate {hit:.0%} of perfect (target 90%: {met(hit >= 0.9)})"
+        )
+    return lines
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "missed"

@@ -1,0 +1,81 @@
+"""The agent-trajectory workload without serving: its texts, turns and perfect hit rate.
+
+A fake system (each answer = the prompt's last tokens reversed) stands in for a server,
+so the conversations, the closed loop and `perfect_hits` are checked exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from benchkit.agent import (
+    SHAPES,
+    AgentShape,
+    closed_loop_conversations,
+    conversations,
+    perfect_hits,
+)
+from benchkit.agent_run import agent_table
+from benchkit.client import Record
+
+SHAPE = AgentShape(turns=3, system_tokens=40, tool_tokens=12, answer_tokens=5)
+
+
+async def echo(prompt: list[int], max_tokens: int) -> Record:
+    await asyncio.sleep(0)
+    out = prompt[::-1][:max_tokens]
+    return Record(prompt, 0.01, 0.02, out, ["small"] * len(out))
+
+
+def test_conversations_share_the_system_prompt_and_nothing_else(
+    tiny_models: dict[str, Path],
+) -> None:
+    convs = conversations(tiny_models["small"], SHAPE, 4)
+    assert len({tuple(c.system) for c in convs}) == 1 and len(convs[0].system) == 40
+    tools = [tuple(t) for c in convs for t in c.tools]
+    assert len(set(tools)) == 12 and all(len(t) == 12 for t in tools)
+    assert conversations(tiny_models["small"], SHAPE, 4) == convs  # deterministic
+    assert SHAPES["tiny"].longest <= 800  # the fixtures serve 1,024 tokens at most
+
+
+def test_each_turn_resends_the_whole_conversation(tiny_models: dict[str, Path]) -> None:
+    convs = conversations(tiny_models["small"], SHAPE, 3)
+    turns, _ = asyncio.run(closed_loop_conversations(echo, convs, SHAPE.answer_tokens, 2))
+    for conv, got in zip(convs, turns, strict=True):
+        seq = list(conv.system)
+        for t, turn in enumerate(got):
+            assert turn.record.prompt == seq + conv.tools[t]
+            seq = turn.record.prompt + turn.record.token_ids
+        assert len(seq) == SHAPE.longest
+
+
+def test_perfect_hits_count_whole_blocks_seen_before(tiny_models: dict[str, Path]) -> None:
+    convs = conversations(tiny_models["small"], SHAPE, 2)
+    turns, _ = asyncio.run(closed_loop_conversations(echo, convs, SHAPE.answer_tokens, 1))
+    every = [t for conv in turns for t in conv]
+    hits, asked = perfect_hits(every, page_size=8)
+    # Conversation 0: turn 1 nothing; turns 2, 3 their previous prompt + answer (57 and
+    # 74 tokens: 7 and 9 blocks). Conversation 1: turn 1 the system prompt (5 blocks).
+    assert asked == 2 * (52 + 69 + 86)
+    assert hits == (7 + 9) * 8 + (5 + 7 + 9) * 8
+
+
+def test_table_says_which_targets_were_met() -> None:
+    def run(system: str, ttft: float, tput: float, hit: float | None = None) -> dict:
+        r = {"system": system, "n": 4, "ttft_p50": ttft, "ttft_p99": ttft, "ttft1_p50": ttft,
+             "tpot_mean": 0.01, "throughput": tput, "perfect_hit_rate": 0.95,
+             "diverging_turns": 0, "turns": 24}  # fmt: skip
+        return r if hit is None else {**r, "hit_rate": {"small": hit}}
+
+    runs = [run("tokenrouterd", 0.01, 300, 0.9), run("tokenrouterd_nocache", 0.06, 100, 0.0),
+            run("std", 0.02, 50)]  # fmt: skip
+    lines = agent_table({"runs": runs})
+    assert (
+        "| tokenrouterd | 4 | 10.0 | 10.0 | 10.0 | 10.00 | 300.0 | 90.0% / 95.0% | 0/24 |" in lines
+    )
+    assert lines[-1] == (
+        "- N=4: TTFT p50 (turn >= 2) 6.0x lower with the cache (target 5x: met); throughput "
+        "3.00x (target 2x: met); TTFT 10.0 ms vs standard serving's 20.0 ms (target <=: met); "
+        "hit rate 95% of perfect (target 90%: met)"
+    )

@@ -1,0 +1,133 @@
+"""The prefix cache in a real daemon: eviction under pressure, then an engine killed.
+
+One float64 daemon, each engine's KV pool 32 pages of 16 tokens. Eight requests in
+flight at once share one of two 96-token heads (6 pages each) and need 3 to 5 pages of
+their own: 44 pages, more than the pool, so cached blocks are evicted and requests
+preempted during the routed run; a second round finds the heads cached. Outputs must be
+the float64 oracle's; afterwards `trctl status` must show 0 used pages and every cached
+page evictable on every engine (an engine that found a page freed twice or leaked would
+have failed its idle integrity check and been restarted). Killing an engine with cached
+pages (SIGKILL) leaves one engine group's segments, and its successor starts empty.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from trd.policies.params import PolicySpec
+from trd.protocol import SamplingParams
+from trd.reference import ReferenceRouter
+
+from daemon_fixture import SCHEDULE, Daemon, shm_segments, start_daemon, write_config
+from routing_cases import prompts
+
+NAMES = ["small", "large"]
+MAX_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
+) -> Iterator[Daemon]:
+    extra = {
+        "memory": {"max_kv_tokens": 512},  # 32 pages per engine
+        "max_model_len": 256,
+        "restart": {"max_retries": 1, "backoff_s": 0.2},
+    }
+    tmp = tmp_path_factory.mktemp("e2e_prefix_cache")
+    d = start_daemon(write_config(tmp, tiny_models, NAMES, dtype="float64", **extra))
+    yield d
+    assert d.stop() == 0, d.log()
+
+
+@pytest.fixture(scope="module")
+def work(tiny_models: dict[str, Path]) -> list[list[int]]:
+    text = [p for p in prompts(tiny_models["small"], 64) if len(p) >= 48]
+    heads = [text[0][:48] + text[1][:48], text[2][:48] + text[3][:48]]
+    return [heads[i % 2] + text[4 + i][: 3 + 5 * i] for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_models: dict[str, Path], work: list[list[int]]) -> list[list[int]]:
+    ref = ReferenceRouter(
+        [tiny_models[n] for n in NAMES], PolicySpec("scripted", {"schedule": SCHEDULE})
+    )
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [ref.run(p, params).tokens for p in work]
+
+
+def complete(d: Daemon, prompt: list[int]) -> list[int]:
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    r = d.client().completions.create(
+        model=d.model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body=extra
+    )
+    return list((r.choices[0].model_extra or {})["token_ids"])
+
+
+def idle_engines(d: Daemon) -> list[dict[str, Any]]:
+    """The engines' status once their stats (0.5 s old at most) say nothing is held."""
+    deadline = time.monotonic() + 30
+    while True:
+        engines = d.status()["engines"]
+        if all(e["kv_pages_used"] == 0 and e["prefix_cache"] for e in engines):
+            return engines
+        assert time.monotonic() < deadline, engines
+        time.sleep(0.2)
+
+
+def hits_metric(d: Daemon) -> dict[str, float]:
+    status, text = d.get("/metrics")
+    assert status == 200
+    (family,) = [f for f in text_string_to_metric_families(text)
+                 if f.name == "vllm:prefix_cache_hits"]  # fmt: skip
+    return {s.labels["engine"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def test_eviction_under_pressure_keeps_outputs_and_leaks_nothing(
+    daemon: Daemon, work: list[list[int]], oracle: list[list[int]]
+) -> None:
+    assert [e["kv_pages_total"] for e in daemon.status()["engines"]] == [32, 32]
+    for _ in range(2):
+        with ThreadPoolExecutor(len(work)) as pool:
+            got = list(pool.map(lambda p: complete(daemon, p), work))
+        assert got == oracle
+    engines = idle_engines(daemon)
+    for e in engines:
+        cache = e["prefix_cache"]
+        assert (e["running"], e["waiting"], e["pending"]) == (0, 0, 0), e
+        assert cache["cached_pages"] == cache["evictable_pages"] > 0, e  # all evictable
+        assert 0 < cache["hits"] < cache["queries"], e
+    assert sum(e["prefix_cache"]["evictions"] for e in engines) > 0
+    status = daemon.status()
+    assert status["restarts"] == 0, daemon.log()  # no engine failed its integrity check
+    assert hits_metric(daemon)["small"] == engines[0]["prefix_cache"]["hits"]
+
+
+def test_a_killed_engine_leaves_nothing_and_its_successor_starts_empty(
+    daemon: Daemon, work: list[list[int]], oracle: list[list[int]]
+) -> None:
+    assert complete(daemon, work[0]) == oracle[0]
+    large = idle_engines(daemon)[1]
+    assert large["prefix_cache"]["cached_pages"] > 0
+    os.kill(large["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while daemon.status()["engines"][1]["pid"] in (large["pid"], None):
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.2)
+    daemon.wait_ready(timeout=90)
+    fresh = idle_engines(daemon)[1]["prefix_cache"]
+    assert (fresh["cached_pages"], fresh["queries"], fresh["hits"]) == (0, 0, 0)
+    prefixes = {"-".join(n.split("-")[:3]) for n in shm_segments(daemon.proc.pid)}
+    assert len(prefixes) == 1, prefixes  # only the new engine group's rings and counters
+    assert complete(daemon, work[1]) == oracle[1]
+    assert complete(daemon, work[1]) == oracle[1]  # now from the new engines' caches
+    assert idle_engines(daemon)[1]["prefix_cache"]["hits"] > 0
