@@ -36,6 +36,14 @@ def run(sched: Scheduler) -> list[tuple[int, int]]:
     return out
 
 
+def prefilled(sched: Scheduler, tokens: list[int], rid: int = 0) -> Request:
+    """A request added and run one step (its prompt fed, one token committed)."""
+    r = req(rid, tokens)
+    sched.add(r)
+    run(sched)
+    return r
+
+
 def cache_of(sched: Scheduler) -> PrefixCache:
     assert sched.cache is not None
     return sched.cache
@@ -75,9 +83,7 @@ def test_a_running_requests_blocks_are_shared_and_never_written_by_the_sharer() 
 
 def test_a_full_hit_still_feeds_its_last_block_into_a_page_of_its_own() -> None:
     sched = make(8)
-    a = req(0, list(range(8)))
-    sched.add(a)
-    run(sched)
+    a = prefilled(sched, list(range(8)))
     sched.finish(a)
     b = req(1, list(range(8)))
     sched.add(b)
@@ -87,9 +93,7 @@ def test_a_full_hit_still_feeds_its_last_block_into_a_page_of_its_own() -> None:
 
 def test_cached_pages_are_evicted_lru_tail_first_before_any_preemption() -> None:
     sched = make(4)
-    a = req(0, list(range(8)))
-    sched.add(a)
-    run(sched)
+    a = prefilled(sched, list(range(8)))
     sched.finish(a)  # pages 0, 1 cached; page 2 (the output token's) empty again
     b = req(1, list(range(100, 115)))  # 15 tokens + 1: four pages
     sched.add(b)
@@ -101,9 +105,7 @@ def test_cached_pages_are_evicted_lru_tail_first_before_any_preemption() -> None
 
 def test_a_pending_requests_pages_are_not_evictable_and_a_newcomer_waits() -> None:
     sched = make(4)
-    a = req(0, list(range(9)))
-    sched.add(a)
-    run(sched)
+    a = prefilled(sched, list(range(9)))
     a.state = State.PENDING  # handed to a peer: keeps its pages
     sched.cache_computed(a)  # what the router does when it leaves
     cache = cache_of(sched)
@@ -119,9 +121,7 @@ def test_a_pending_requests_pages_are_not_evictable_and_a_newcomer_waits() -> No
 
 def test_a_preempted_request_rematches_its_own_blocks() -> None:
     sched = make(16)
-    a = req(0, list(range(9)))
-    sched.add(a)
-    run(sched)
+    a = prefilled(sched, list(range(9)))
     sched.preempt(a)
     assert (a.kv_len, a.pages, a.state) == (0, [], State.WAITING)
     assert run(sched) == [(0, 2)]  # blocks 0, 1 are back from the cache; 8, 9 fed
