@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.reference import ReferenceRouter
+from trd.testing.reference import ReferenceRouter
 
 from daemon_fixture import SCHEDULE, Daemon, shm_segments, start_daemon, write_config
 from routing_cases import prompts

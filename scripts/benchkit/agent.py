@@ -4,7 +4,7 @@
     turn t   system + tool_1 + answer_1 + ... + tool_{t-1} + answer_{t-1} + tool_t
 
 Every conversation shares one system prompt; its tool outputs are its own. Texts are cut
-deterministically from held-out fixture text (`trd.tinymodels.corpus`) and tokenized by
+deterministically from held-out fixture text (`trd.testing.tinymodels.corpus`) and tokenized by
 the pair's tokenizer; answers are the system's own greedy outputs (EOS ignored), which
 every system must produce identically. N conversations are in flight (closed loop: a
 finished conversation is replaced by the next); a turn is sent when its previous answer
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from trd.tinymodels.corpus import corpus
+from trd.testing.tinymodels.corpus import corpus
 
 from benchkit.client import Record, Send
 
