@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from trd.batching.live import recommend_live
 from trd.policies.params import THRESHOLDS, target_share
 from trd.supervisor.keeper import EngineKeeper
 from trd.supervisor.rates import Rates
 from trd.supervisor.share import TICK_S, ShareControl
-from trd.thresholds.live import recommend_live
 
 log = logging.getLogger("trd.control")
 
