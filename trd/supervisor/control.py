@@ -6,7 +6,7 @@ started by the daemon once the engines serve and stopped before they are.
                 moves the policy's threshold toward the target
     autotuner   with `batching.auto_interval_s` > 0: on that interval, the Markov model's
                 best delayed-batching thresholds from live measurements
-                (trd/thresholds/live.py), applied and logged when they change
+                (trd/batching/live.py), applied and logged when they change
 
 The admin API (trd/frontend/admin.py) only reads them (rates, the share's view, a
 recommendation) and sets thresholds through the keeper.
