@@ -71,6 +71,9 @@ class DemoModels(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
+    @property
+    def dtype(self) -> str: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Address:
