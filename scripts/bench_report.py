@@ -35,7 +35,7 @@ BOUND = [
 
 SYSTEMS = {  # what each system is (the code), shown for the systems a run has
     "tokenrouterd": "the daemon, OpenAI endpoint, streaming client asking for token ids.",
-    "official": "`scripts/baselines/official.py`, the research-code way: a Python loop over "
+    "official": "`trd/testing/reference.py` (kv_cache), the research-code way: a Python loop over "
     "transformers models, a `DynamicCache` per model and request, one request at a time, so "
     "it runs at N=1; it serves every prompt and is the identity reference.",
     "std": "`scripts/baselines/std_server.py` (one single-model server per model, continuous "

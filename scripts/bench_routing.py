@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from trd.batching.live import recommend_live
 from trd.engines.spec import BatchingSettings, EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
@@ -36,7 +37,6 @@ from trd.supervisor.group import EngineGroup, run_closed_loop
 from trd.testing.reference import ReferenceRouter
 from trd.testing.tinymodels.build import ensure_models
 from trd.testing.tinymodels.corpus import corpus
-from trd.thresholds.live import recommend_live
 
 Job = tuple[list[int], SamplingParams]
 CALIBRATION_STEPS, CALIBRATION_SLACK = 7, 0.03

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trd.thresholds import SystemSpec, recommend, to_table
+from trd.batching import SystemSpec, recommend, to_table
 
 MAX_N = 8
 

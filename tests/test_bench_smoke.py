@@ -4,7 +4,7 @@ One run of `scripts/bench.py --plan smoke --pair tiny` (every system of the plan
 fixture pair: the official loop as reference, the daemon with its runs and ceilings,
 standard serving), then:
 - every request of every system was compared with the reference, and the reference
-  itself agrees with the oracle (`trd/reference.py`) computed here;
+  itself agrees with the oracle (`trd/testing/reference.py`) computed here;
 - the engines' counters agree exactly with the producers the API returned (tokens,
   dropped candidates, handoffs), and the ceiling bounds the measured throughput;
 - a changed output, a run on other prompts or at another large-token share, a

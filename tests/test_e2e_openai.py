@@ -1,6 +1,6 @@
 """The real daemon (two engine processes, float64) driven by the official openai client.
 
-Greedy outputs must equal the routing oracle (trd.reference) token for token: the text
+Greedy outputs must equal the routing oracle (trd.testing.reference) token for token: the text
 and how many tokens each model produced; streamed text must equal non-streamed text;
 all of it with several clients at once.
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trd.frontend.admin import RATE_WINDOW_S, Rates
+from trd.supervisor.rates import RATE_WINDOW_S, Rates
 
 
 def stats(**engines: tuple[int, int]) -> dict[str, dict[str, int]]:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from trd.thresholds import LatencyStats, RoutingStats, spec_from_stats, throughput
+from trd.batching import LatencyStats, RoutingStats, spec_from_stats, throughput
 
 
 def test_routing_frequencies_and_tokens_are_exact() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from trd.thresholds.live import current_table, estimates, recommend_live
+from trd.batching.live import current_table, estimates, recommend_live
 
 
 def engine_stats() -> dict[int, dict[str, Any]]:

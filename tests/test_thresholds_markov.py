@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trd.thresholds import (
+from trd.batching import (
     SearchResult,
     SystemSpec,
     candidates,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trd.thresholds import SystemSpec, candidates, search, throughput
+from trd.batching import SystemSpec, candidates, search, throughput
 
 from thresholds_sim import simulate
 

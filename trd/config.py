@@ -39,12 +39,11 @@ import logging
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import yaml
 
 from trd.config_reader import ConfigError, Section, fail
-from trd.demo.pair import DemoPair
 from trd.engines.spec import BatchingSettings, EngineSettings, SettingError, check_cuda_dtype
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
 from trd.models.tokenizers import TOKENIZER_FILE, chat_template, first_difference, read_tokenizer
@@ -60,6 +59,23 @@ log = logging.getLogger(__name__)
 CPU_MAX_KV_TOKENS = 32768
 MpsMode = Literal["auto", "required", "off"]
 S = TypeVar("S", EngineSettings, BatchingSettings)
+
+
+class DemoModels(Protocol):
+    """What `Config.demo` reads of a demo pair (`trd.demo.pair.DemoPair`, which sits above
+    the config: it builds the pairs)."""
+
+    @property
+    def models(self) -> dict[str, Path]: ...
+
+    @property
+    def threshold(self) -> float: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +187,7 @@ class Config:
         return max(self.threads(), os.cpu_count() or 1)
 
     @classmethod
-    def demo(cls, pair: DemoPair, port: int, large_share: float | None = None) -> Config:
+    def demo(cls, pair: DemoModels, port: int, large_share: float | None = None) -> Config:
         """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1; with
         `large_share`, the share control holds the large model's share there."""
         policy: dict[str, Any] = {"name": "rstitch", "threshold": pair.threshold}

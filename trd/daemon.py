@@ -46,6 +46,7 @@ from trd.logs import StderrTap, setup_logging
 from trd.memplan.plan import PlanError
 from trd.mps.manager import MpsError, MpsManager
 from trd.sdnotify import Notifier
+from trd.supervisor.control import Controllers
 from trd.supervisor.deployment import Deployment, plan_deployment
 from trd.supervisor.group import EngineStartError
 from trd.supervisor.hub import Hub
@@ -235,7 +236,8 @@ class Daemon:
             return 0
         served = await asyncio.to_thread(self._served)
         metrics = Metrics(keeper.engine_stats, hub.gens.values, served.model_id, keeper.specs)
-        admin = AdminApi(keeper, hub, self.deployment.plan, self.mps_state)
+        controls = Controllers(keeper)
+        admin = AdminApi(keeper, hub, self.deployment.plan, self.mps_state, controls)
         try:
             api = OpenAIApi(served, hub, metrics).app()
             self.access.guard(api)
@@ -244,6 +246,7 @@ class Daemon:
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             return EXIT_FAILED
+        controls.start()
         self.notifier.ready(f"serving {served.model_id} on {self.cfg.listen}")
         log.info("serving %s on %s://%s, admin on %s", served.model_id, self.access.scheme,
                  self.cfg.listen, self.cfg.admin)  # fmt: skip
@@ -252,6 +255,7 @@ class Daemon:
         await asyncio.wait([fatal, asyncio.ensure_future(self.stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
         watchdog.cancel()
+        await controls.stop()
         await self._drain(hub, keeper)
         return EXIT_FAILED if keeper.fatal.is_set() else 0
 

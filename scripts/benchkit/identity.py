@@ -1,7 +1,7 @@
 """Output identity: every request of every system against one reference.
 
-The reference is the official-style loop (`baselines/official.py`), run on every prompt
-any system serves, at the longest output length that prompt is served with. Decoding
+The reference is the official-style loop (`trd/testing/reference.py`, kv_cache=True), run
+on every prompt any system serves, at the longest output length that prompt is served with. Decoding
 is greedy with EOS ignored and R-Stitch decides from the sequence so far, so the
 loop's first L tokens are its output at max_tokens = L: one reference run per prompt
 covers every length. A request is identical when the digest of its output (token ids

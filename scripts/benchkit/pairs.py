@@ -2,7 +2,7 @@
 
     demo  the real pair: Qwen2.5-Coder-0.5B-Instruct (small) and 1.5B-Instruct (large),
           imported from their GGUF parts (`trd.demo.pair`); chat prompts
-    tiny  the fixture Qwen3 pair (`trd.tinymodels`); prompts from held-out fixture text
+    tiny  the fixture Qwen3 pair (`trd.testing.tinymodels`); prompts from held-out fixture text
 
 The JSON records what the pair was (folders and architecture), so the report says it
 from the run, not from this file.

@@ -23,10 +23,11 @@ from typing import Any
 import aiohttp
 import torch
 
+from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
+from trd.testing.reference import ReferenceRouter
 
 from baselines.dispatcher import Dispatcher
-from baselines.official import OfficialRouter
 from baselines.phases import delta
 from benchkit.ceiling import bound_kind, ceiling
 from benchkit.client import OpenAIClient, Record, Send, closed_loop
@@ -181,10 +182,11 @@ class Bench:
 
     async def run_official(self) -> None:
         paths = [self.models[m] for m in self.names]
-        router = OfficialRouter(paths, "rstitch", {"threshold": self.tau}, DTYPE)
+        policy = PolicySpec("rstitch", {"threshold": self.tau})
+        router = ReferenceRouter(paths, policy, DTYPE, kv_cache=True)
 
         async def send(prompt: list[int], max_tokens: int) -> Record:
-            out = router.generate(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            out = router.run(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
             models = [self.names[m] for m in out.models]
             return Record(prompt, out.ttft, out.latency, out.tokens, models)
 

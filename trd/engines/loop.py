@@ -42,7 +42,7 @@ log = logging.getLogger("trd.engine")
 STATS_INTERVAL = 0.5
 
 
-class Outbox:
+class Rings:
     """Frames to other nodes over the rings; inbound frames are kept while it waits."""
 
     def __init__(self, endpoint: Endpoint) -> None:
@@ -81,10 +81,10 @@ class Outbox:
             yield msg
 
 
-def handle_inbound(node: RoutingEngine, outbox: Outbox) -> bool:
+def handle_inbound(node: RoutingEngine, rings: Rings) -> bool:
     """Handle every message waiting on the rings; True if one was a control command."""
     control = False
-    for msg in outbox.receive():
+    for msg in rings.receive():
         if isinstance(msg, Control):
             handle_control(node, msg.body)
             control = True
@@ -175,7 +175,7 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
     logging.basicConfig(level=logging.INFO, format=f"%(levelname)s engine[{spec.name}] %(message)s")
     os.environ.update(spec.env)
     torch.set_num_threads(spec.threads)
-    outbox = Outbox(endpoint)
+    rings = Rings(endpoint)
     stopping = False
 
     def on_term(signum: int, frame: object) -> None:
@@ -188,17 +188,17 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     page_size = spec.settings.page_size
     try:
-        node = build(spec, outbox.send, counters)
+        node = build(spec, rings.send, counters)
     except Exception as exc:
         log.error("failed to start: %s\n%s", exc, traceback.format_exc())
-        outbox.send(FRONTEND, Ready(spec.index, os.getpid(), 0, page_size, error=str(exc)))
+        rings.send(FRONTEND, Ready(spec.index, os.getpid(), 0, page_size, error=str(exc)))
         endpoint.close()
         return
-    outbox.send(FRONTEND, Ready(spec.index, os.getpid(), spec.kv_pages, page_size))
+    rings.send(FRONTEND, Ready(spec.index, os.getpid(), spec.kv_pages, page_size))
     log.info("ready: %s (%s, %s), %d KV pages", spec.checkpoint.path, spec.dtype, spec.device,
              spec.kv_pages)  # fmt: skip
     try:
-        serve(node, spec, outbox, endpoint, lambda: stopping)
+        serve(node, spec, rings, endpoint, lambda: stopping)
     except PeerGone as exc:
         log.error("stopping: %s", exc)  # the front end is gone: nobody to serve
     endpoint.close()
@@ -207,7 +207,7 @@ def engine_main(spec: EngineSpec, endpoint: Endpoint, counters: Counters | None 
 def serve(
     node: RoutingEngine,
     spec: EngineSpec,
-    outbox: Outbox,
+    rings: Rings,
     endpoint: Endpoint,
     stopping: Callable[[], bool],
 ) -> None:
@@ -216,7 +216,7 @@ def serve(
     last_stats = 0.0
     idle_since: float | None = None  # start of the current stretch without a forward
     while not stopping():
-        if handle_inbound(node, outbox):
+        if handle_inbound(node, rings):
             last_stats = 0.0  # answer a control command with fresh stats
         now = time.perf_counter()
         delay = node.launch_delay(now)
@@ -228,11 +228,11 @@ def serve(
             if not node.requests:  # idle now: every page is free or cached, none leaked
                 node.engine.check_integrity()
             # What arrived during the step first: a handoff waits for nothing else.
-            if handle_inbound(node, outbox):
+            if handle_inbound(node, rings):
                 last_stats = 0.0
         node.publish_busy()
         if now - last_stats >= STATS_INTERVAL:
-            outbox.send(FRONTEND, Stats(spec.index, stats_body(spec, node)))
+            rings.send(FRONTEND, Stats(spec.index, stats_body(spec, node)))
             last_stats = now
         if delay == 0.0:
             idle_since = None

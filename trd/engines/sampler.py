@@ -4,7 +4,7 @@ A sampled request draws its uniform number from (seed, position) alone, so the s
 seed gives the same tokens whatever else is in the batch, on whichever engine the
 position happens to be sampled (routing moves requests between engines).
 
-Any accepted temperature is safe: below SAMPLING_EPS a request is greedy (dividing by
+Any accepted temperature is safe: below GREEDY_BELOW a request is greedy (dividing by
 1e-45 overflows float32 logits to inf, and softmax of inf is NaN), sampling math runs in
 float32 or wider whatever the logits' dtype, and the index drawn is clamped into the
 kept tokens, so no row can index with -1.
@@ -20,10 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from trd.protocol import SamplingParams
+from trd.protocol import GREEDY_BELOW, SamplingParams
 from trd.rng import uniform
-
-SAMPLING_EPS = 1e-5  # temperatures below this sample greedily, as vLLM does
 
 
 def ban_early_stops(
@@ -64,7 +62,7 @@ def sample_tensor(
 ) -> torch.Tensor:
     """`sample` on the device: (B,) long; `greedy` is the logits' argmax when known."""
     tokens = torch.argmax(logits, dim=-1) if greedy is None else greedy.clone()
-    rows = [i for i, p in enumerate(params) if p.temperature >= SAMPLING_EPS]
+    rows = [i for i, p in enumerate(params) if p.temperature >= GREEDY_BELOW]
     if rows:
         index = _on(logits.device, rows, torch.long)
         tokens[index] = _sample_rows(

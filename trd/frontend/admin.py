@@ -12,18 +12,17 @@ GET  /thresholds   delayed-batching thresholds: what is set and what each engine
 POST /thresholds   {"thresholds": {"large": [1, 2, 4]}, "max_wait_ms": 20}: apply live
 GET  /thresholds/recommend   the Markov model's best thresholds from live measurements
 GET  /stats/raw    each engine's latest Stats body: counters and measurement windows
+
+The controllers that steer the engines (rates, share, autotuner) run in the supervisor
+(trd/supervisor/control.py); this app only reads them and sets thresholds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
-import logging
 import os
 import time
-from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,49 +33,11 @@ from trd.engines.spec import EngineSpec
 from trd.frontend.app import Handler, openai_errors, read_json
 from trd.frontend.openai_api import ApiError
 from trd.memplan.plan import MemoryPlan
-from trd.policies.params import THRESHOLDS, target_share
+from trd.supervisor.control import Controllers, NoStatistics, TooFewMeasurements
 from trd.supervisor.hub import Hub
 from trd.supervisor.keeper import EngineKeeper
-from trd.supervisor.share import TICK_S, ShareControl
-from trd.thresholds.live import recommend_live
 
-log = logging.getLogger("trd.admin")
-
-RATE_WINDOW_S = 10.0
-SAMPLE_EVERY_S = 1.0
 APPLY_TIMEOUT_S = 3.0
-
-
-class Rates:
-    """Tokens/s and handoffs/s per engine over the last RATE_WINDOW_S, from Stats counters."""
-
-    def __init__(self) -> None:
-        self.samples: deque[tuple[float, dict[str, tuple[float, float]]]] = deque()
-
-    def sample(self, stats: dict[str, dict[str, Any]], now: float) -> None:
-        point = {
-            name: (float(b.get("tokens_committed", 0)), float(b.get("handoffs_out", 0)))
-            for name, b in stats.items()
-        }
-        if self.samples and any(
-            point.get(n, (0.0, 0.0))[0] < old[0] for n, old in self.samples[-1][1].items()
-        ):
-            self.samples.clear()  # the engines restarted; their counters began again
-        self.samples.append((now, point))
-        while now - self.samples[0][0] > RATE_WINDOW_S:
-            self.samples.popleft()
-
-    def per_second(self) -> dict[str, tuple[float, float]]:
-        """Rates over the window, for each engine seen in at least two samples."""
-        if not self.samples:
-            return {}
-        t1, last = self.samples[-1]
-        out = {}
-        for name, (tokens, handoffs) in last.items():
-            t0, first = next((t, p[name]) for t, p in self.samples if name in p)
-            if t1 > t0:
-                out[name] = ((tokens - first[0]) / (t1 - t0), (handoffs - first[1]) / (t1 - t0))
-        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +71,11 @@ def guard(token: str) -> Any:
 
 
 class AdminApi:
-    def __init__(self, sup: EngineKeeper, hub: Hub, plan: MemoryPlan, mps: MpsState) -> None:
-        self.sup, self.hub, self.plan, self.mps = sup, hub, plan, mps
-        self.rates = Rates()
+    def __init__(
+        self, sup: EngineKeeper, hub: Hub, plan: MemoryPlan, mps: MpsState, controls: Controllers
+    ) -> None:
+        self.sup, self.hub, self.plan, self.mps, self.controls = sup, hub, plan, mps, controls
         self.started = time.time()
-        target = target_share(sup.cfg.policy)
-        self.share = (
-            None if target is None else ShareControl(target, THRESHOLDS[sup.cfg.policy.name])
-        )
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[openai_errors, guard(self.sup.cfg.admin_token)])
@@ -126,89 +84,18 @@ class AdminApi:
         app.router.add_post("/thresholds", self.set_thresholds)
         app.router.add_get("/thresholds/recommend", self.recommend)
         app.router.add_get("/stats/raw", self.raw_stats)
-        app.cleanup_ctx.append(self._sampler)
-        if self.sup.cfg.batching.auto_interval_s > 0:
-            app.cleanup_ctx.append(self._autotuner)
-        if self.share is not None:
-            app.cleanup_ctx.append(self._share_loop)
         return app
 
-    async def _share_loop(self, app: web.Application) -> AsyncIterator[None]:
-        """`policy.target_large_share`: move the policy's threshold toward the target."""
-        share = self.share
-        assert share is not None
-
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(TICK_S)
-                stats = self.sup.engine_stats()
-                names = [s.name for s in self.sup.specs]
-                ordered = [stats[n] for n in names] if set(names) <= set(stats) else []
-                tau = share.observe(time.monotonic(), ordered)
-                if tau is not None:
-                    self.sup.set_policy_threshold(tau)
-
-        task = asyncio.get_running_loop().create_task(loop())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    async def _recommendation(self) -> dict[str, Any]:
-        stats = self.sup.engine_stats()
-        by_index = {s.index: stats[s.name] for s in self.sup.specs if s.name in stats}
-        if len(by_index) < len(self.sup.specs):
-            raise ApiError(503, "not every engine has reported statistics yet", code="no_data")
-        try:
-            # The solver is CPU-bound: keep it off the event loop.
-            out = await asyncio.get_running_loop().run_in_executor(None, recommend_live, by_index)
-        except ValueError as exc:
-            raise ApiError(
-                409, f"not enough live measurements yet: {exc}", code="no_data"
-            ) from None
-        out["models"] = {s.name: out["table"][s.index] for s in self.sup.specs}
-        return out
-
     async def recommend(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._recommendation())
-
-    async def _autotuner(self, app: web.Application) -> AsyncIterator[None]:
-        """`batching.auto_interval_s` > 0: re-optimise on that interval, log each change."""
-
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(self.sup.cfg.batching.auto_interval_s)
-                try:
-                    rec = await self._recommendation()
-                except ApiError as exc:
-                    log.info("thresholds auto: skipped (%s)", exc.message)
-                    continue
-                wanted = {name: tuple(t) for name, t in rec["models"].items()}
-                current = {s.name: s.thresholds for s in self.sup.specs}
-                if wanted != current:
-                    log.info("thresholds auto: %s -> %s", current, wanted)
-                    self.sup.set_thresholds(wanted, self.sup.specs[0].batching.max_wait_ms)
-
-        task = asyncio.get_running_loop().create_task(loop())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    async def _sampler(self, app: web.Application) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                self.rates.sample(self.sup.engine_stats(), time.monotonic())
-                await asyncio.sleep(SAMPLE_EVERY_S)
-
-        task = asyncio.get_running_loop().create_task(loop())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        try:
+            return web.json_response(await self.controls.recommendation())
+        except NoStatistics as exc:
+            raise ApiError(503, str(exc), code="no_data") from None
+        except TooFewMeasurements as exc:
+            raise ApiError(409, str(exc), code="no_data") from None
 
     def _engines(self) -> list[dict[str, Any]]:
-        stats, rates = self.sup.engine_stats(), self.rates.per_second()
+        stats, rates = self.sup.engine_stats(), self.controls.rates.per_second()
         planned = {m.name: m.pages for m in self.plan.models}  # this host's engines only
         out = []
         for spec in self.sup.specs:
@@ -249,7 +136,7 @@ class AdminApi:
             "policy": {"name": cfg.policy.name, **cfg.policy.params}, "mps": asdict(self.mps),
             "handoffs_per_s": sum(handoffs) if handoffs else None,
             "engines": engines, "thresholds": self._threshold_view(),
-            "share": None if self.share is None else self.share.view(),
+            "share": None if self.controls.share is None else self.controls.share.view(),
             "memory_plan": self.plan.to_dict(), "memory_plan_table": self.plan.to_table(),
         }  # fmt: skip
         return web.json_response(body)

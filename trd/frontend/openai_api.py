@@ -30,13 +30,11 @@ from trd.frontend.schema import (
 )
 from trd.frontend.structured import request_grammar
 from trd.frontend.tools import Tools, parse_tools
-from trd.protocol import SamplingParams
+from trd.protocol import GREEDY_BELOW, SamplingParams
 
 log = logging.getLogger("trd.frontend")
 
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: the context left
-# vLLM's rule: a temperature this small is greedy; dividing logits by it would overflow.
-GREEDY_BELOW = 1e-5
 R = TypeVar("R", bound=BaseModel)
 
 

@@ -11,6 +11,7 @@ from trd.protocol.codec import (
     restamp,
 )
 from trd.protocol.messages import (
+    GREEDY_BELOW,
     MAX_EXTRA,
     MAX_LOGPROBS,
     Abort,
@@ -29,6 +30,7 @@ from trd.protocol.messages import (
 )
 
 __all__ = [
+    "GREEDY_BELOW",
     "MAX_EXTRA",
     "MAX_LOGPROBS",
     "MAX_MODELS",

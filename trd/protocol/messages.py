@@ -32,6 +32,11 @@ class PeerKind(IntEnum):
     ABORT = 3
 
 
+# A temperature below this samples greedily, as vLLM does: dividing the logits by it would
+# overflow. The front end sends such a temperature as 0; the sampler applies the same cut.
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     max_tokens: int = 16

@@ -12,10 +12,12 @@ What it writes: OUT/{citer,r2r,collm}.safetensors, each with the pair's identity
 pair refuses them) and the threshold chosen for it (used when the config gives none), and
 OUT/training.json with every count and timing. Serve one with
 `policy: {name: r2r, head: OUT/r2r.safetensors}`.
-How long: the demo pair (135M + a small partner), magpie, 512 prompts: 7 minutes on 2 cores
-(the large model writes and answers the questions 165 s, teacher-forcing 190 s, 507 r2r
-continuations 53 s, the heads 10 s); it grows with the large model's size, --num-prompts
-and --max-tokens. The fixture pair, 64 corpus prompts: seconds.
+How long: measured with SmolLM2-135M-Instruct as the large model and a 2-layer partner,
+magpie, 512 prompts: 7 minutes on 2 cores (the large model writes and answers the
+questions 165 s, teacher-forcing 190 s, 507 r2r continuations 53 s, the heads 10 s). The
+large model's forwards are most of it, so the time grows about with its size (the demo
+pair's 1.5B: by size an hour or more on 2 cores, not measured), --num-prompts and --max-tokens. The
+fixture pair, 64 corpus prompts: seconds.
 
 Data (trd/routers/data.py): the large model answers the training prompts (greedy, our
 Engine, batched); the small model is teacher-forced over each prompt + answer, and each

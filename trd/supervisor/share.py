@@ -25,7 +25,8 @@ persistent offset significant in time, and noise alone rarely moves the threshol
 
 Bounded (the range, the step), logged (each move with what was measured), off unless
 `target_large_share` is set. Counters that go down mean the engines restarted: the
-measurement starts over. Pure logic; the admin app runs the loop (trd/frontend/admin.py).
+measurement starts over. Pure logic; the daemon's controllers run the loop
+(trd/supervisor/control.py).
 """
 
 from __future__ import annotations

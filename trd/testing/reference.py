@@ -1,19 +1,25 @@
-"""The reference loop: one request, no batching, full recomputation with transformers.
+"""The reference loop: one request at a time, no batching, transformers models.
 
 It runs the same policy semantics as the daemon (the policy's decision function on the
-same logits and hidden state) but none of the runtime: no paging, no anchors, no
-pending KV, no rings. Each position recomputes the whole sequence from scratch on the
-current model. Tests use it as the oracle; benchmarks as the research-code baseline.
+same logits and hidden state, the vocabulary cut, the early-stop ban, the policies'
+send/receive hand-off) but none of the runtime: no paging, no anchors, no pending KV, no
+rings. The oracle (tests, float64): each position recomputes the whole sequence from
+scratch on the current model. The research-code baseline (benchmarks, the GPU check;
+`kv_cache=True`): what the R2R and CITER repositories do, a `DynamicCache` per request
+and model, and a model that gets the request back first catches its cache up on the
+tokens it has not seen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from trd.engines.constrain import Constraints
 from trd.engines.request import Request
@@ -25,6 +31,14 @@ from trd.policies.params import PolicySpec
 from trd.protocol import FinishReason, SamplingParams
 
 
+def _load(path: Path, dtype: torch.dtype, device: str) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    # transformers decorates PreTrainedModel.to with functools.wraps(nn.Module.to), whose
+    # stub (functools._Wrapped) binds no self: mypy would take the device for `self`.
+    to = cast(Callable[[str], PreTrainedModel], model.to)
+    return to(device).eval()
+
+
 @dataclass
 class Trace:
     tokens: list[int] = field(default_factory=list)
@@ -32,15 +46,21 @@ class Trace:
     finish: FinishReason = FinishReason.NONE
     fed: dict[int, int] = field(default_factory=dict)  # model -> longest sequence it ran on
     forwards: int = 0
+    ttft: float = 0.0  # seconds to the first committed token
+    latency: float = 0.0  # seconds to the end
 
 
 class ReferenceRouter:
-    def __init__(self, paths: Sequence[Path], policy: PolicySpec, dtype: str = "float64") -> None:
-        tdtype = getattr(torch, dtype)
-        self.models: list[PreTrainedModel] = [
-            AutoModelForCausalLM.from_pretrained(p, dtype=tdtype, attn_implementation="sdpa").eval()
-            for p in paths
-        ]
+    def __init__(
+        self,
+        paths: Sequence[Path],
+        policy: PolicySpec,
+        dtype: str = "float64",
+        device: str = "cpu",
+        kv_cache: bool = False,
+    ) -> None:
+        self.device, self.kv_cache = torch.device(device), kv_cache
+        self.models = [_load(p, getattr(torch, dtype), device) for p in paths]
         entry = read_checkpoint(Path(paths[0]))
         self.eos = entry.config.eos_token_ids
         self.vocab = entry.vocab_limit  # as the engines: padding rows are never sampled
@@ -52,10 +72,15 @@ class ReferenceRouter:
 
     @torch.inference_mode()
     def run(self, prompt: Sequence[int], params: SamplingParams) -> Trace:
+        start = time.perf_counter()
         seq, trace, cur = list(prompt), Trace(), 0
+        caches = [DynamicCache() if self.kv_cache else None for _ in self.models]
         req = Request(0, seq, len(prompt), params, arrival=0.0)
         while True:
-            out = self.models[cur](torch.tensor([seq]), output_hidden_states=True)
+            cache = caches[cur]
+            seen = cache.get_seq_length() if cache is not None else 0
+            feed = torch.tensor([seq[seen:]], device=self.device)
+            out = self.models[cur](feed, cache=cache, output_hidden_states=True)
             logits, hidden = out.logits[0, -1:, : self.vocab], out.hidden_states[-1][0, -1:]
             if self.constraints.apply([req], logits):
                 trace.finish = FinishReason.ERROR  # the grammar allows no next token
@@ -64,17 +89,19 @@ class ReferenceRouter:
             token = sample(logits, [params], [len(seq)])[0]
             trace.forwards += 1
             trace.fed[cur] = len(seq)
-            view = StepView(logits, hidden, torch.tensor([token]))
+            view = StepView(logits, hidden, torch.tensor([token], device=self.device))
             route = host_routes(self.policies[cur].route([req], view))[0]
             if route.commit:
                 seq.append(token)
                 trace.tokens.append(token)
                 trace.models.append(cur)
+                trace.ttft = trace.ttft or time.perf_counter() - start
                 if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos):
                     trace.finish = FinishReason.STOP
                 elif len(trace.tokens) >= params.max_tokens:
                     trace.finish = FinishReason.LENGTH
                 if trace.finish is not FinishReason.NONE:
+                    trace.latency = time.perf_counter() - start
                     return trace
             if route.dst != cur:
                 self.policies[route.dst].receive(req, self.policies[cur].send(req, route.dst))

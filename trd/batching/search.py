@@ -10,8 +10,8 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from trd.thresholds.markov import throughput
-from trd.thresholds.spec import SystemSpec
+from trd.batching.markov import throughput
+from trd.batching.spec import SystemSpec
 
 # Throughputs closer than this (relative) are a tie; the earlier candidate, with
 # lower thresholds and so less waiting per request, wins.

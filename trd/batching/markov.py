@@ -25,7 +25,7 @@ import scipy.sparse as sp  # type: ignore[import-untyped]
 from scipy.sparse.csgraph import connected_components  # type: ignore[import-untyped]
 from scipy.sparse.linalg import spsolve  # type: ignore[import-untyped]
 
-from trd.thresholds.spec import SystemSpec
+from trd.batching.spec import SystemSpec
 
 Outcome = tuple[tuple[int, ...], float]  # (arrivals per model, probability)
 

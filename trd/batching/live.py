@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trd.thresholds.estimates import LatencyStats, RoutingStats, spec_from_stats
-from trd.thresholds.markov import throughput
-from trd.thresholds.search import recommend, to_table
+from trd.batching.estimates import LatencyStats, RoutingStats, spec_from_stats
+from trd.batching.markov import throughput
+from trd.batching.search import recommend, to_table
 
 LEVELS = (1, 2, 4, 8, 16)
 

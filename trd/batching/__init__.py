@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from trd.thresholds.estimates import LatencyStats, RoutingStats, spec_from_stats
-from trd.thresholds.markov import check_thresholds, throughput
-from trd.thresholds.search import SearchResult, candidates, recommend, search, to_table
-from trd.thresholds.spec import SystemSpec
+from trd.batching.estimates import LatencyStats, RoutingStats, spec_from_stats
+from trd.batching.markov import check_thresholds, throughput
+from trd.batching.search import SearchResult, candidates, recommend, search, to_table
+from trd.batching.spec import SystemSpec
 
 __all__ = [
     "LatencyStats",

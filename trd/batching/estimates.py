@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from trd.thresholds.spec import SystemSpec
+from trd.batching.spec import SystemSpec
 
 
 class RoutingStats:
