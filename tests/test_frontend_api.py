@@ -35,15 +35,15 @@ def test_completion_fields_become_sampling_params() -> None:
     )  # fmt: skip
     assert (req.max_tokens, req.stop, req.stream) == (7, ("\n\n",), True)
     assert (req.include_usage, req.continuous_usage) == (True, True)
-    p = req.params
+    p = req.params(16)
     assert (p.temperature, p.top_p, p.top_k, p.seed, p.min_tokens) == (0.5, 0.9, 0, 3, 2)
     assert (p.stop_token_ids, p.ignore_eos) == ((5, 6), True)
 
 
 def test_openai_defaults_and_nulls() -> None:
     for req in (completion(), completion(stop=None, seed=None, temperature=None, n=None)):
-        assert (req.max_tokens, req.params.temperature, req.stream) == (16, 1.0, False)
-        assert (req.stop, req.params.seed, req.params.min_tokens) == ((), None, 0)
+        assert (req.max_tokens, req.params(16).temperature, req.stream) == (16, 1.0, False)
+        assert (req.stop, req.params(16).seed, req.params(16).min_tokens) == ((), None, 0)
     chat = parse_chat(
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, MODEL, VOCAB
     )
@@ -57,8 +57,8 @@ def test_max_completion_tokens_wins_on_both_endpoints() -> None:
 
 def test_a_tiny_temperature_is_greedy() -> None:
     # vLLM's rule: logits / 1e-300 overflows to inf and the sampler would get NaNs.
-    assert completion(temperature=1e-300).params.temperature == 0.0
-    assert completion(temperature=1e-5).params.temperature == 1e-5
+    assert completion(temperature=1e-300).params(16).temperature == 0.0
+    assert completion(temperature=1e-5).params(16).temperature == 1e-5
 
 
 def test_unknown_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -212,14 +212,14 @@ def test_bad_chat_logprobs(fields: dict[str, Any], param: str, part: str) -> Non
 
 
 def test_logprobs_reach_the_sampling_params() -> None:
-    assert completion(logprobs=3).params.logprobs == 3
-    assert completion(logprobs=0).params.logprobs == 0
-    assert completion().params.logprobs is None
+    assert completion(logprobs=3).params(16).logprobs == 3
+    assert completion(logprobs=0).params(16).logprobs == 0
+    assert completion().params(16).logprobs is None
     chat = [{"role": "user", "content": "x"}]
     for fields, k in (({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 5}, 5),
                       ({"logprobs": False}, None), ({}, None)):  # fmt: skip
         body = {"model": MODEL, "messages": chat, **fields}
-        assert parse_chat(body, MODEL, VOCAB).params.logprobs == k
+        assert parse_chat(body, MODEL, VOCAB).params(16).logprobs == k
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -184,10 +184,11 @@ class OpenAIApi:
         if len(ids) + max_tokens > limit:
             msg = f"{max_tokens} + the prompt's {len(ids)} tokens exceed the context of {limit}"
             raise bad(req.max_tokens_param, msg, "context_length_exceeded")
-        if req.params.min_tokens > max_tokens:
+        min_tokens = req.source.min_tokens or 0
+        if min_tokens > max_tokens:
             msg = f"must be at most the {max_tokens} tokens the context leaves for output"
-            raise bad("min_tokens", f"{msg}, got {req.params.min_tokens}")
-        return ids, replace(req.params, max_tokens=max_tokens)
+            raise bad("min_tokens", f"{msg}, got {min_tokens}")
+        return ids, req.params(max_tokens)
 
     async def _generate(
         self, request: web.Request, req: GenRequest, endpoint: str

@@ -55,7 +55,6 @@ class GenRequest:
     messages: list[dict[str, Any]] | None  # chat, contents flattened to strings
     max_tokens: int | None  # None: as many as the context leaves (chat default)
     max_tokens_param: str  # the field max_tokens came from, for errors
-    params: SamplingParams  # max_tokens is filled in once the prompt length is known
     stop: tuple[str, ...]
     keep_stop: bool  # include_stop_str_in_output
     stream: bool
@@ -63,8 +62,28 @@ class GenRequest:
     continuous_usage: bool  # the usage so far in every chunk
     return_token_ids: bool  # each choice carries its token ids and producing models
     n: int  # choices
+    source: GenerationRequest  # the request's sampling fields, which `params` reads
     template: ChatTemplateArgs = field(default_factory=ChatTemplateArgs)
     tools: Tools | None = None  # chat: the tools offered and tool_choice
+    logprobs: int | None = None  # alternatives per output token
+    grammar: str = ""  # the structured-output constraint, compiled by the engines
+
+    def params(self, max_tokens: int) -> SamplingParams:
+        """The engines' sampling parameters, once the prompt fixed how many tokens may come."""
+        req = self.source
+        temperature = 1.0 if req.temperature is None else req.temperature
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature if temperature >= GREEDY_BELOW else 0.0,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=max(req.top_k or 0, 0),  # -1 (vLLM) and 0 (ours) both mean off
+            seed=req.seed,
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            ignore_eos=bool(req.ignore_eos),
+            min_tokens=req.min_tokens or 0,
+            logprobs=self.logprobs,
+            grammar=self.grammar,
+        )
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
@@ -126,28 +145,16 @@ def _gen(
     min_tokens = req.min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         raise bad("min_tokens", f"must be at most {max_param} ({max_tokens}), got {min_tokens}")
-    temperature = 1.0 if req.temperature is None else req.temperature
-    params = SamplingParams(
-        max_tokens=max(1, min_tokens),  # placeholder until the prompt length is known
-        temperature=temperature if temperature >= GREEDY_BELOW else 0.0,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=max(req.top_k or 0, 0),  # -1 (vLLM) and 0 (ours) both mean off
-        seed=req.seed,
-        stop_token_ids=tuple(req.stop_token_ids or ()),
-        ignore_eos=bool(req.ignore_eos),
-        min_tokens=min_tokens,
-        logprobs=logprobs,
-        grammar=grammar,
-    )
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return GenRequest(
         chat=messages is not None, prompt=prompt, messages=messages, max_tokens=max_tokens,
-        max_tokens_param=max_param, params=params, stop=stop,
+        max_tokens_param=max_param, stop=stop,
         keep_stop=bool(req.include_stop_str_in_output), stream=bool(req.stream),
         include_usage=bool(options.include_usage),
         continuous_usage=bool(options.continuous_usage_stats),
-        return_token_ids=bool(req.return_token_ids), n=req.n or 1,
-        template=template or ChatTemplateArgs(), tools=tools,
+        return_token_ids=bool(req.return_token_ids), n=req.n or 1, source=req,
+        template=template or ChatTemplateArgs(), tools=tools, logprobs=logprobs,
+        grammar=grammar,
     )  # fmt: skip
 
 

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from trd import devices
-from trd.engines.buckets import GraphShape
-from trd.memplan.workspace import float_workspace_bytes
+from trd.memplan.workspace import GraphSize, float_workspace_bytes
 from trd.models.checkpoint import Checkpoint, ModelConfig
 
 GIB = 1 << 30
@@ -56,7 +55,7 @@ def reserve_bytes(
     cfg: ModelConfig,
     device: str,
     max_batch_tokens: int,
-    shapes: Sequence[GraphShape] = (),
+    shapes: Sequence[GraphSize] = (),
     kv_bytes_per_page: int = 0,
     attention: str = "flashinfer",
 ) -> int:
@@ -101,7 +100,7 @@ def model_mem(
     dtype: str,
     device: str,
     max_batch_tokens: int,
-    shapes: Sequence[GraphShape] = (),
+    shapes: Sequence[GraphSize] = (),
     page_size: int = 16,
     attention: str = "flashinfer",
 ) -> ModelMem:

@@ -25,13 +25,26 @@ the plan reserved. Never below flashinfer's recommended 128 MiB.
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-from trd.engines.buckets import GraphShape
+from typing import Protocol
 
 MIB = 1 << 20
 PLAN_SMS = 192
 MIN_FLOAT_WORKSPACE_BYTES = 128 * MIB
 BLOCKS_PER_SM = 2  # flashinfer's FA2 plans: max_grid_size = 2 x SMs
+
+
+class GraphSize(Protocol):
+    """What the plan reads of a CUDA-graph bucket (the engines' `GraphShape`), so that the
+    plan, below the engines, needs no import of theirs."""
+
+    @property
+    def batch(self) -> int: ...
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def tokens(self) -> int: ...
 
 
 def cta_tile_q(packed_rows: int, head_dim: int) -> int:
@@ -42,7 +55,7 @@ def cta_tile_q(packed_rows: int, head_dim: int) -> int:
 
 
 def float_workspace_bytes(
-    dims: tuple[int, int, int], shapes: Iterable[GraphShape] = (), sms: int = PLAN_SMS
+    dims: tuple[int, int, int], shapes: Iterable[GraphSize] = (), sms: int = PLAN_SMS
 ) -> int:
     """The float workspace (bytes, whole MiB) for (heads, kv_heads, head_dim) serving eager
     steps and the CUDA graphs of `shapes` on a GPU of `sms` multiprocessors."""
