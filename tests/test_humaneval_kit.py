@@ -3,8 +3,11 @@ completion, and the pass@1 / paired bootstrap arithmetic (exact expectations).""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
-from hevalkit import problems, sandbox, stats
+from hevalkit import problems, report, sandbox, stats
 
 SHORT_S = 3.0  # wall-time limit for the sandbox cases that must be cut off
 
@@ -120,3 +123,33 @@ def test_gap_recovered_exact_cases() -> None:
     value, low, high = stats.gap_recovered(system, small, large) or (0, 0, 0)
     assert value == 0.5 and low == 0.0 and high == 1.0
     assert stats.gap_recovered(small, small, small) is None
+
+
+def _run(system: str, share: float, passed: list[bool]) -> dict[str, object]:
+    answers = [{"task_id": f"T/{i}", "passed": p, "nll": 0.5} for i, p in enumerate(passed)]
+    return {"system": system, "large_share": share, "generate_s": 1.0, "answers": answers}
+
+
+def test_report_table_and_target(tmp_path: Path) -> None:
+    runs = {
+        "small": _run("small", 0.0, [False, False, True, True]),
+        "large": _run("large", 1.0, [True, True, True, True]),
+        "rstitch@0.3": _run("rstitch@0.3", 0.28, [True, True, True, True]),
+        "glimp@0.3": _run("glimp@0.3", 0.35, [True, True, True, True]),  # above 30%
+        "rstitch@0.1": _run("rstitch@0.1", 0.09, [True, False, True, True]),
+    }
+    for name, run in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    (tmp_path / "small.answers.json").write_text("{}")  # generation cache: not a run
+    rows = {r["system"]: r for r in report.summarize(report.load(tmp_path))}
+    assert rows["rstitch@0.1"]["pass_at_1"] == 0.75 and rows["rstitch@0.1"]["nll"] == 0.5
+    assert rows["rstitch@0.1"]["gap"] == (0.5, 0.0, 1.0)
+    assert rows["rstitch@0.3"]["vs_large"] == (0.0, 0.0, 0.0)
+    assert report.verdict(list(rows.values())).startswith(
+        "met: best at <= 30% large tokens is rstitch@0.3 (28.0% large)"
+    )
+    text = report.write(tmp_path, tmp_path / "doc")
+    # Differences [1, 0, 0, 0]: a resample's mean is 0 with chance (3/4)^4 = 0.32 and at
+    # least 0.75 with chance 0.051 (1 only with 1/256): the percentiles are 0 and 0.75.
+    assert "| rstitch@0.1 | 9.0% | 75.0% (3/4) | +25.0 [+0.0, +75.0] |" in text
+    assert (tmp_path / "doc" / "humaneval_pass1.png").stat().st_size > 0
