@@ -20,17 +20,21 @@ from hevalkit.problems import Problem
 
 
 class Scorer:
-    def __init__(self, folder: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype = torch.bfloat16, threads: int = 1) -> None:
+        torch.set_num_threads(threads)  # one: the CPU is shared with the daemon's engines
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         self.model.eval()
         self.cache: dict[tuple[str, str], float] = {}
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(
-            problem.messages(), continue_final_message=True, add_generation_prompt=False
+        text = self.tokenizer.apply_chat_template(
+            problem.messages(),
+            tokenize=False,
+            continue_final_message=True,
+            add_generation_prompt=False,
         )
-        return list(ids)
+        return list(self.tokenizer(str(text), add_special_tokens=False)["input_ids"])
 
     @torch.inference_mode()
     def nll(self, problem: Problem, completion: str) -> float:
