@@ -59,9 +59,14 @@ def run_system(
         saved = json.loads(cached.read_text())
         answers, seconds = [generate.Answer(**a) for a in saved["answers"]], saved["seconds"]
     else:
+        sink = args.out / f"{name}.partial.jsonl"  # resumed from, when a run was cut off
+        kept = generate.read_sink(sink)
         t0 = time.monotonic()
-        answers = generate.generate(url, probs, args.max_tokens, args.concurrency)
+        todo = [p for p in probs if p.task_id not in kept]
+        fresh = generate.generate(url, todo, args.max_tokens, args.concurrency, sink=sink)
         seconds = time.monotonic() - t0
+        got = kept | {a.task_id: a for a in fresh}
+        answers = [got[p.task_id] for p in probs]
         saved = {"seconds": seconds, "answers": [a.to_json() for a in answers]}
         cached.write_text(json.dumps(saved, indent=1))
     rows = judge(probs, answers)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hevalkit import problems, report, sandbox, stats
+from hevalkit import generate, problems, report, sandbox, stats
 
 SHORT_S = 3.0  # wall-time limit for the sandbox cases that must be cut off
 
@@ -153,3 +153,12 @@ def test_report_table_and_target(tmp_path: Path) -> None:
     # least 0.75 with chance 0.051 (1 only with 1/256): the percentiles are 0 and 0.75.
     assert "| rstitch@0.1 | 9.0% | 75.0% (3/4) | +25.0 [+0.0, +75.0] |" in text
     assert (tmp_path / "doc" / "humaneval_pass1.png").stat().st_size > 0
+
+
+def test_partial_answers_resume_without_failed_requests(tmp_path: Path) -> None:
+    sink = tmp_path / "s.partial.jsonl"
+    assert generate.read_sink(sink) == {}
+    ok = generate.Answer("T/0", "    return 1", "stop", {"small": 3})
+    failed = generate.Answer("T/1", "", "error", error="504")
+    sink.write_text("".join(json.dumps(a.to_json()) + "\n" for a in (ok, failed)))
+    assert generate.read_sink(sink) == {"T/0": ok}

@@ -9,9 +9,12 @@ counted as a failed problem, never retried silently.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -70,23 +73,38 @@ def generate(
     max_tokens: int = MAX_TOKENS,
     concurrency: int = CONCURRENCY,
     progress: bool = True,
+    sink: Path | None = None,
 ) -> list[Answer]:
-    """Every problem's answer, in the problems' order."""
+    """Every problem's answer, in the problems' order; with `sink`, each answer is also
+    appended to that JSON-lines file as it comes (a run cut off keeps what finished)."""
     api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT_S)
     model = served_model(api)
     done = 0
+    lock = threading.Lock()
     t0 = time.monotonic()
 
     def one(problem: Problem) -> Answer:
         nonlocal done
         answer = ask(api, model, problem, max_tokens)
-        done += 1
+        with lock:
+            done += 1
+            if sink is not None:
+                with sink.open("a") as f:
+                    f.write(json.dumps(answer.to_json()) + "\n")
         if progress and (done % 8 == 0 or done == len(problems)):
             print(f"  {done}/{len(problems)} answered, {time.monotonic() - t0:.0f} s", flush=True)
         return answer
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, problems))
+
+
+def read_sink(sink: Path) -> dict[str, Answer]:
+    """The answers a cut-off run appended (failed requests left out: they run again)."""
+    if not sink.exists():
+        return {}
+    rows = [Answer(**json.loads(line)) for line in sink.read_text().splitlines() if line]
+    return {a.task_id: a for a in rows if not a.error}
 
 
 def large_share(answers: list[Answer], large: str) -> float:

@@ -60,6 +60,8 @@ def base_config(config: Path | None, small: Path | None, large: Path | None) -> 
             {"name": "large", "path": str(large), "dtype": "bfloat16"},
         ],
         "shutdown": {"grace_s": 5},
+        # A prefill chunk of the 1.5B took over 120 s (the default) on 2 shared cores.
+        "stall_timeout_s": 3600,
         # One thread per engine, also when every request is on one engine: on a CPU that
         # other work shares, a second thread waits at OpenMP barriers for a thread that is
         # not scheduled (2 threads on 2 busy cores: 10.9 s per 0.5B step at batch 16).
