@@ -1,8 +1,8 @@
 """Greedy completions of the problems from a running daemon, CONCURRENCY at a time, through
 the official openai client; each answer with the tokens each model produced.
 
-The served model's id comes from /v1/models. `tokens_per_model` is the daemon's usage
-extension (output tokens by producing model); its last entry is the large model (the
+The served model's id comes from /v1/models. `tokens_per_model` is the daemon's field
+beside `usage` (output tokens by producing model); its last entry is the large model (the
 models' order in the config). A request that fails is recorded with its error and
 counted as a failed problem, never retried silently.
 """
@@ -57,7 +57,7 @@ def ask(api: openai.OpenAI, model: str, problem: Problem, max_tokens: int) -> An
     except openai.OpenAIError as exc:
         return Answer(problem.task_id, "", "error", seconds=time.monotonic() - t0, error=repr(exc))
     choice = resp.choices[0]
-    extra = (resp.usage.model_extra or {}) if resp.usage is not None else {}
+    extra = resp.model_extra or {}  # the daemon's fields beside OpenAI's usage
     return Answer(
         problem.task_id,
         choice.message.content or "",
