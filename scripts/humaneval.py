@@ -63,7 +63,9 @@ def run_system(
         kept = generate.read_sink(sink)
         t0 = time.monotonic()
         todo = [p for p in probs if p.task_id not in kept]
-        fresh = generate.generate(url, todo, args.max_tokens, args.concurrency, sink=sink)
+        fresh = generate.generate(
+            url, todo, args.max_tokens, args.concurrency, sink=sink, style=args.prompt
+        )
         seconds = time.monotonic() - t0
         got = kept | {a.task_id: a for a in fresh}
         answers = [got[p.task_id] for p in probs]
@@ -75,6 +77,7 @@ def run_system(
         "system": name,
         **extra,
         "problems": len(probs),
+        "prompt": args.prompt,
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
         "network": sandbox.network(),
@@ -132,7 +135,8 @@ def cmd_score(args: argparse.Namespace) -> None:
         run = json.loads(path.read_text())
         todo = [a for a in run["answers"] if "nll" not in a]
         for answer in todo:
-            answer["nll"] = scorer.nll(by_id[answer["task_id"]], answer["completion"])
+            style = run.get("prompt", "continue")  # runs before the field were "continue"
+            answer["nll"] = scorer.nll(by_id[answer["task_id"]], answer["completion"], style)
         path.write_text(json.dumps(run, indent=1))
         print(f"{run['system']}: {len(todo)} completions scored", flush=True)
 
@@ -151,6 +155,7 @@ def main() -> None:
     run.add_argument("--name", default="daemon", help="the system's name with --url")
     run.add_argument("--large-model", default="large", help="with --url: the large model")
     run.add_argument("--limit", type=int, help="the first N problems only (a quick check)")
+    run.add_argument("--prompt", choices=problems.PROMPT_STYLES, default="instruct")
     run.add_argument("--every", type=int, default=1, help="every Nth problem only (a spread)")
     run.add_argument("--max-tokens", type=int, default=generate.MAX_TOKENS)
     run.add_argument("--concurrency", type=int, default=generate.CONCURRENCY)

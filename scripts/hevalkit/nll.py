@@ -25,11 +25,11 @@ class Scorer:
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         self.model.eval()
-        self.cache: dict[tuple[str, str], float] = {}
+        self.cache: dict[tuple[str, str, str], float] = {}
 
-    def prompt_ids(self, problem: Problem) -> list[int]:
+    def prompt_ids(self, problem: Problem, style: str) -> list[int]:
         text = self.tokenizer.apply_chat_template(
-            problem.messages(),
+            problem.messages(style),
             tokenize=False,
             continue_final_message=True,
             add_generation_prompt=False,
@@ -37,15 +37,15 @@ class Scorer:
         return list(self.tokenizer(str(text), add_special_tokens=False)["input_ids"])
 
     @torch.inference_mode()
-    def nll(self, problem: Problem, completion: str) -> float:
+    def nll(self, problem: Problem, completion: str, style: str = "instruct") -> float:
         """Mean NLL of `completion` after the problem's prompt; NaN for an empty one."""
-        key = (problem.task_id, completion)
+        key = (problem.task_id, completion, style)
         if key in self.cache:
             return self.cache[key]
         target = self.tokenizer(completion, add_special_tokens=False)["input_ids"]
         if not target:
             return math.nan
-        prompt = self.prompt_ids(problem)
+        prompt = self.prompt_ids(problem, style)
         ids = torch.tensor([prompt + target])
         hidden = self.model.model(input_ids=ids).last_hidden_state[0, len(prompt) - 1 : -1]
         logits = self.model.lm_head(hidden).float()  # only the completion's positions

@@ -1,14 +1,18 @@
 """The 164 HumanEval problems: the chat we send, the code we take back, the program we run.
 
 The prompt is chat-formatted (the instruct models see their own template) with the
-assistant's turn already begun: a user line asking for the function, then the assistant
-message "```python\n" + the problem's prompt (signature and docstring), continued by the
-model (`continue_final_message`, vLLM's chat-template argument the daemon takes). The
-model writes only the body, and the stop strings (the closing fence, and a comment, print,
-assert or main block at the left margin) end it: no restated docstring, no examples or
-explanation after the code. On a 2-core CPU that halves the tokens
-of each problem against the Qwen2.5-Coder report's instruct format, where the model writes
-the whole function again and then explains it.
+assistant's turn already begun and continued by the model (`continue_final_message`,
+vLLM's chat-template argument the daemon takes). Two styles:
+
+    instruct  (default) evalplus's, which the Qwen2.5-Coder report's instruct figures
+              use: the problem in the user message, the assistant's "Below is a Python
+              script ...\n```python\n"; the model writes the whole function
+    continue  a one-line user request, the assistant's "```python\n" + the problem's
+              prompt: the model writes only the body (half the tokens), but the 1.5B
+              then often hands back a placeholder (`# Your code here` / `pass`)
+
+The stop strings (the closing fence, and a comment, print, assert or main block at the
+left margin) end the code: no examples or explanation after it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,15 @@ from importlib import resources
 from typing import Any
 
 INSTRUCTION = "Complete the following Python function."
+EVALPLUS_ASK = (
+    "Please provide a self-contained Python script that solves the following problem in a "
+    "markdown code block:"
+)
+EVALPLUS_ANSWER = (
+    "Below is a Python script with a self-contained function that solves the problem and "
+    "passes corresponding tests:"
+)
+PROMPT_STYLES = ("instruct", "continue")
 FENCE = "```"
 # The closing fence, and what starts at the left margin after the function's indented
 # body: a model that goes on past the function writes examples or tests, not the answer
@@ -34,10 +47,16 @@ class Problem:
     entry_point: str
     test: str
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self, style: str = "instruct") -> list[dict[str, str]]:
+        """The chat of one PROMPT_STYLES style, its assistant turn to be continued."""
+        if style == "continue":
+            return [
+                {"role": "user", "content": INSTRUCTION},
+                {"role": "assistant", "content": f"{FENCE}python\n{self.prompt}"},
+            ]
         return [
-            {"role": "user", "content": INSTRUCTION},
-            {"role": "assistant", "content": f"{FENCE}python\n{self.prompt}"},
+            {"role": "user", "content": f"{EVALPLUS_ASK}\n{FENCE}\n{self.prompt.strip()}\n{FENCE}"},
+            {"role": "assistant", "content": f"{EVALPLUS_ANSWER}\n{FENCE}python\n"},
         ]
 
 
