@@ -84,7 +84,7 @@ def system_config(base: dict[str, Any], system: str, heads: Path | None = None) 
     params: dict[str, Any] = {"name": policy, "target_large_share": target}
     if policy in HEADS:
         if heads is None:
-            raise ValueError(f"system {system!r} needs --heads (scripts/train_router.py)")
+            raise ValueError(f"system {system!r} needs --heads (tokenrouterd train-router)")
         params["head"] = str(heads / f"{policy}.safetensors")
     else:
         params["threshold"] = START_THRESHOLDS[policy].get(target, 0.02)
