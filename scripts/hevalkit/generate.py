@@ -1,0 +1,114 @@
+"""Greedy completions of the problems from a running daemon, CONCURRENCY at a time, through
+the official openai client; each answer with the tokens each model produced.
+
+The served model's id comes from /v1/models. `tokens_per_model` is the daemon's field
+beside `usage` (output tokens by producing model); its last entry is the large model (the
+models' order in the config). A request that fails is recorded with its error and
+counted as a failed problem, never retried silently.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from hevalkit.problems import STOPS, Problem
+
+CONCURRENCY = 16
+MAX_TOKENS = 256
+TIMEOUT_S = 1800.0
+
+
+@dataclass
+class Answer:
+    task_id: str
+    completion: str
+    finish_reason: str
+    tokens_per_model: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def served_model(api: openai.OpenAI) -> str:
+    return api.models.list().data[0].id
+
+
+def ask(api: openai.OpenAI, model: str, problem: Problem, max_tokens: int, style: str) -> Answer:
+    t0 = time.monotonic()
+    try:
+        resp = api.chat.completions.create(
+            model=model,
+            messages=problem.messages(style),  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=0,
+            stop=STOPS,
+            extra_body={"continue_final_message": True, "add_generation_prompt": False},
+        )
+    except openai.OpenAIError as exc:
+        return Answer(problem.task_id, "", "error", seconds=time.monotonic() - t0, error=repr(exc))
+    choice = resp.choices[0]
+    extra = resp.model_extra or {}  # the daemon's fields beside OpenAI's usage
+    return Answer(
+        problem.task_id,
+        choice.message.content or "",
+        str(choice.finish_reason),
+        {str(k): int(v) for k, v in (extra.get("tokens_per_model") or {}).items()},
+        time.monotonic() - t0,
+    )
+
+
+def generate(
+    url: str,
+    problems: list[Problem],
+    max_tokens: int = MAX_TOKENS,
+    concurrency: int = CONCURRENCY,
+    progress: bool = True,
+    sink: Path | None = None,
+    style: str = "instruct",
+) -> list[Answer]:
+    """Every problem's answer, in the problems' order; with `sink`, each answer is also
+    appended to that JSON-lines file as it comes (a run cut off keeps what finished)."""
+    api = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT_S)
+    model = served_model(api)
+    done = 0
+    lock = threading.Lock()
+    t0 = time.monotonic()
+
+    def one(problem: Problem) -> Answer:
+        nonlocal done
+        answer = ask(api, model, problem, max_tokens, style)
+        with lock:
+            done += 1
+            if sink is not None:
+                with sink.open("a") as f:
+                    f.write(json.dumps(answer.to_json()) + "\n")
+        if progress and (done % 8 == 0 or done == len(problems)):
+            print(f"  {done}/{len(problems)} answered, {time.monotonic() - t0:.0f} s", flush=True)
+        return answer
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, problems))
+
+
+def read_sink(sink: Path) -> dict[str, Answer]:
+    """The answers a cut-off run appended (failed requests left out: they run again)."""
+    if not sink.exists():
+        return {}
+    rows = [Answer(**json.loads(line)) for line in sink.read_text().splitlines() if line]
+    return {a.task_id: a for a in rows if not a.error}
+
+
+def large_share(answers: list[Answer], large: str) -> float:
+    """The large model's share of all output tokens of the run."""
+    total = sum(sum(a.tokens_per_model.values()) for a in answers)
+    return sum(a.tokens_per_model.get(large, 0) for a in answers) / total if total else 0.0

