@@ -22,10 +22,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
+from trd.testing.reference import ReferenceRouter
 
 from baselines.dispatcher import Dispatcher
-from baselines.official import OfficialRouter
 from benchkit.agent import (
     SHAPES,
     Conversation,
@@ -101,10 +102,11 @@ class AgentBench:
     async def run_official(self) -> None:
         paths = [self.pair.models[m] for m in self.pair.models]
         names = list(self.pair.models)
-        router = OfficialRouter(paths, "rstitch", {"threshold": self.tau}, DTYPE)
+        policy = PolicySpec("rstitch", {"threshold": self.tau})
+        router = ReferenceRouter(paths, policy, DTYPE, kv_cache=True)
 
         async def send(prompt: list[int], max_tokens: int) -> Record:
-            out = router.generate(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            out = router.run(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
             return Record(prompt, out.ttft, out.latency, out.tokens, [names[m] for m in out.models])
 
         turns, wall = await closed_loop_conversations(
