@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from tokenizers import Tokenizer
 from trd.engines.spec import EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
+from trd.supervisor.group import EngineGroup
 from trd.testing.reference import ReferenceRouter, Trace
 from trd.testing.tinymodels.corpus import corpus
 from trd.testing.wiring import Wiring
@@ -118,3 +120,19 @@ def reference(
         ref = ReferenceRouter(paths, PolicySpec(policy, params))
         _TRACES[key] = [ref.run(p, sp) for p, sp in work]
     return _TRACES[key]
+
+
+def fresh_stats(group: EngineGroup, model: int) -> dict[str, Any]:
+    """Engine `model`'s stats, asked for now."""
+    group.stats.pop(model, None)
+    group.control(model, {"op": "stats"})
+    deadline = time.monotonic() + 30
+    while model not in group.stats:
+        assert time.monotonic() < deadline, f"engine {model} sent no stats"
+        group.pump(timeout=0.1)
+    return group.stats[model]
+
+
+def cache_hits(group: EngineGroup, n_models: int) -> dict[int, int]:
+    """Tokens each engine has taken from its prefix cache since it started."""
+    return {m: fresh_stats(group, m)["prefix_cache"]["hits"] for m in range(n_models)}

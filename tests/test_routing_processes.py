@@ -24,7 +24,7 @@ from trd.protocol import FinishReason, SamplingParams
 from trd.supervisor.group import EngineGroup, EngineStartError, run_closed_loop
 from trd.testing.wiring import check_fed
 
-from routing_cases import GLIMP, MODEL_SETS, jobs, reference, specs
+from routing_cases import GLIMP, MODEL_SETS, cache_hits, fresh_stats, jobs, reference, specs
 
 
 def shm_segments(prefix: str) -> list[str]:
@@ -66,22 +66,6 @@ def cases(heads: dict[str, Path]) -> list[tuple[str, dict[str, Any], int]]:
 
 # Two-model ensemble and scripted runs are covered in-process (test_routing_inprocess).
 CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "glimp", "ensemble-3", "scripted-3"]
-
-
-def fresh_stats(group: EngineGroup, model: int) -> dict[str, Any]:
-    """Engine `model`'s stats, asked for now."""
-    group.stats.pop(model, None)
-    group.control(model, {"op": "stats"})
-    deadline = time.monotonic() + 30
-    while model not in group.stats:
-        assert time.monotonic() < deadline, f"engine {model} sent no stats"
-        group.pump(timeout=0.1)
-    return group.stats[model]
-
-
-def cache_hits(group: EngineGroup, n_models: int) -> dict[int, int]:
-    """Tokens each engine has taken from its prefix cache since it started."""
-    return {m: fresh_stats(group, m)["prefix_cache"]["hits"] for m in range(n_models)}
 
 
 @pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)
