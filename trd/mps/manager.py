@@ -59,13 +59,25 @@ def daemon_pid(pipe_dir: Path) -> int | None:
 
 
 def is_running(pid: int) -> bool:
-    """Whether `pid` still runs; a zombie has exited (our init may never reap it)."""
+    """Whether any thread of `pid` still runs; a zombie has exited (our init may never reap it).
+
+    Every thread counts: a killed leader turns zombie while its other threads are
+    still exiting and still hold the daemon's files (its `control_lock` among them).
+    """
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except FileNotFoundError:
         return False
+    return any(_task_alive(task / "stat") for task in tasks)
+
+
+def _task_alive(stat_path: Path) -> bool:
+    try:
+        stat = stat_path.read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
     # The state letter follows the parenthesised command name, which may hold spaces.
-    return stat.rpartition(")")[2].split()[0] != "Z"
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _wait_gone(pid: int, timeout_s: float) -> bool:
