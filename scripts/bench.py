@@ -25,7 +25,12 @@ quicker second table). The report:
 
 `--agent` runs only the agent-trajectory workload (`benchkit/agent.py`: multi-turn
 conversations resending all so far; tokenrouterd with its prefix cache on and off,
-standard serving, the official loop) and prints its table.
+standard serving, the official loop) and prints its table. On the demo pair on a CPU
+the full shape (6 turns of 128 tokens at N = 4, 16) takes hours; a smaller run keeps the
+prompts' shape and cuts turns, answers and N:
+
+    .venv/bin/python scripts/bench.py --pair demo --agent --agent-n 4 --agent-turns 3 \
+        --agent-answer 32 --out bench_results/agent-demo.json
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 
 import torch
 
+from benchkit.agent import scaled_shape
 from benchkit.agent_run import AgentBench, agent_table
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
@@ -53,6 +59,11 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, help="fixture model cache (default: ~/.cache)")
     ap.add_argument("--out", type=Path, default=Path("bench_results/all.json"))
     ap.add_argument("--agent", action="store_true", help="only the agent-trajectory workload")
+    ap.add_argument(
+        "--agent-n", type=int, nargs="+", default=[4, 16], help="agent: conversations in flight"
+    )
+    ap.add_argument("--agent-turns", type=int, help="agent: turns per conversation (a smaller run)")
+    ap.add_argument("--agent-answer", type=int, help="agent: max_tokens of every turn")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the engines under test need the other cores
     pair = load_pair(args.pair, args.cache_dir)
@@ -61,7 +72,8 @@ def main() -> None:
     logs.mkdir(exist_ok=True)
     tau = DEFAULT_TAU[args.pair] if args.tau is None else args.tau
     if args.agent:
-        agent = asyncio.run(AgentBench(pair, tau, logs).run_all())
+        shape = scaled_shape(pair.name, args.agent_turns, args.agent_answer)
+        agent = asyncio.run(AgentBench(pair, tau, logs, tuple(args.agent_n), shape).run_all())
         args.out.write_text(json.dumps(agent, indent=1))
         print("\n".join(agent_table(agent)))
         return

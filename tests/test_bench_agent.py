@@ -15,6 +15,7 @@ from benchkit.agent import (
     closed_loop_conversations,
     conversations,
     perfect_hits,
+    scaled_shape,
 )
 from benchkit.agent_run import agent_table
 from benchkit.client import Record
@@ -78,3 +79,11 @@ def test_table_says_which_targets_were_met() -> None:
         "3.00x (target 2x: met); TTFT 10.0 ms vs standard serving's 20.0 ms (target <=: met); "
         "hit rate 95% of perfect (target 90%: met)"
     )
+
+
+def test_a_scaled_shape_keeps_the_prompts_and_cuts_turns_and_answers() -> None:
+    full = SHAPES["demo"]
+    small = scaled_shape("demo", 3, 32)
+    assert (small.system_tokens, small.tool_tokens) == (full.system_tokens, full.tool_tokens)
+    assert (small.turns, small.answer_tokens) == (3, 32)
+    assert scaled_shape("demo", None, None) == full

@@ -54,6 +54,17 @@ SHAPES = {
 }
 
 
+def scaled_shape(pair: str, turns: int | None, answer_tokens: int | None) -> AgentShape:
+    """The pair's shape with fewer turns or shorter answers (a run that fits a CPU)."""
+    shape = SHAPES[pair]
+    return AgentShape(
+        turns=turns or shape.turns,
+        system_tokens=shape.system_tokens,
+        tool_tokens=shape.tool_tokens,
+        answer_tokens=answer_tokens or shape.answer_tokens,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Conversation:
     system: list[int]

@@ -29,6 +29,7 @@ from trd.testing.reference import ReferenceRouter
 from baselines.dispatcher import Dispatcher
 from benchkit.agent import (
     SHAPES,
+    AgentShape,
     Conversation,
     Turn,
     closed_loop_conversations,
@@ -58,9 +59,16 @@ def summarize(turns: list[list[Turn]], wall: float) -> dict[str, Any]:
 
 
 class AgentBench:
-    def __init__(self, pair: Pair, tau: float, logs: Path, ns: tuple[int, ...] = (4, 16)):
+    def __init__(
+        self,
+        pair: Pair,
+        tau: float,
+        logs: Path,
+        ns: tuple[int, ...] = (4, 16),
+        shape: AgentShape | None = None,
+    ):
         self.pair, self.tau, self.logs, self.ns = pair, tau, logs, ns
-        self.shape = SHAPES[pair.name]
+        self.shape = shape or SHAPES[pair.name]
         # Each N runs conversations of its own (2 per worker), and one more warms up.
         self.first = dict(zip(ns, np.cumsum([0, *(2 * n for n in ns)]).tolist(), strict=False))
         total = sum(2 * n for n in ns)
