@@ -47,6 +47,7 @@ def test_share_run_samples_the_control_loop(tiny_models: dict[str, Path], tmp_pa
     result = json.loads(out.read_text())
     assert result["errors"] == 0 and result["target"] == 0.3
     samples = result["samples"]
-    assert len(samples) >= 5 and samples[-1]["total"] > samples[0]["total"] > 0
+    totals = [s["total"] for s in samples]  # the first may be 0 on a loaded machine
+    assert len(samples) >= 5 and totals == sorted(totals) and totals[-1] > 0, totals
     assert samples[-1]["moves"] > 0 and samples[-1]["threshold"] > 0.5
     assert f"wrote {out}" in run.stdout
