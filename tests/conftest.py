@@ -4,7 +4,7 @@ The demo pair (tests marked `demo_pair`: Qwen2.5-Coder 0.5B + 1.5B, joined from 
 `demo` extra's GGUF parts and imported in bfloat16) takes a few minutes to import on a
 fresh checkout, so a run that collects such tests starts importing it at once in a niced
 background process and runs those tests last: the import uses the core the other tests
-leave idle, and `ensure_demo_pair` in their fixtures waits on the cache's lock until it
+leave idle, and `ensure_demo_pair` in their fixtures waits on each model's lock until it
 is done (or imports in the foreground, with its real error, if the background one failed).
 """
 

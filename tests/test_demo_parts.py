@@ -130,7 +130,7 @@ def test_a_refused_build_leaves_nothing_in_the_cache(
     cache = tmp_path / "cache"
     with pytest.raises(PartsError, match=r"part01\.bin has sha256"):
         qwen.ensure_model(FAKE, "fake-v1", cache)
-    assert [p.name for p in cache.iterdir()] == [".lock"]  # no folder, no GGUF, no temp
+    assert [p.name for p in cache.iterdir()] == [".fake-v1.lock"]  # no folder, GGUF or temp
 
 
 def test_missing_parts_of_both_models_are_named_before_any_import(

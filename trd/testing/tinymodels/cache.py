@@ -48,10 +48,11 @@ def cache_root(cache_dir: Path | None = None) -> Path:
 
 
 @contextmanager
-def locked(root: Path) -> Iterator[None]:
-    """Exclusive lock on root (created if needed) across processes."""
+def locked(root: Path, name: str = ".lock") -> Iterator[None]:
+    """Exclusive lock on root (created if needed) across processes, by the file root/name:
+    builds that publish different folders into one root may take one lock file each."""
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as fh:
+    with open(root / name, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
