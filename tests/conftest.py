@@ -44,7 +44,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not demo or config.option.collectonly:
         return
     items[:] = [item for item in items if item not in demo] + demo
-    code = f"import trd.demo.pair as p; p.ensure_demo_pair('qwen', {str(CACHE_DIR)!r})"
+    # SIGTERM (pytest_sessionfinish) exits through the build's cleanup: killed outright,
+    # it left its temp folder with a 721 MB partial GGUF in the cache.
+    code = (
+        "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
+        f"import trd.demo.pair as p; p.ensure_demo_pair('qwen', {str(CACHE_DIR)!r})"
+    )
     CACHE_DIR.mkdir(exist_ok=True)
     with (CACHE_DIR / "demo-pair-build.log").open("wb") as log:
         _build = subprocess.Popen(
