@@ -1,8 +1,10 @@
-"""Rings, eventfds and the mesh across real processes made by the "spawn" start method."""
+"""Rings, eventfds and the mesh across real processes made by the "spawn" start method,
+and engines spawned without re-importing the parent's main module."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import multiprocessing as mp
 import os
 import random
@@ -13,7 +15,11 @@ import textwrap
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 
+import pytest
+
+from trd.engines.boot import without_main
 from trd.engines.loop import spin
 from trd.ipc.eventfd import EventFd
 from trd.ipc.mesh import Endpoint, Mesh
@@ -221,3 +227,24 @@ def test_spin_stops_when_told_to() -> None:
         start = time.perf_counter()
         spin(mesh.endpoint(0), 60.0, wanted.is_set)
         assert wanted.is_set() and time.perf_counter() - start < 30.0
+
+
+def report_main(queue: mp.Queue[bool]) -> None:
+    queue.put(hasattr(sys.modules["__main__"], "dedent"))  # textwrap's code ran as main
+
+
+def test_engines_spawn_without_the_parents_main_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started as `python -m trd.daemon`, a child imports the daemon module again unless
+    spawned inside without_main (here the parent's main is `-m textwrap`'s, as pytest's own
+    may be a __main__.py, which spawn never re-imports)."""
+    main = type(sys)("__main__")
+    main.__spec__ = importlib.util.find_spec("textwrap")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    for bare, imported in ((False, True), (True, False)):
+        queue: mp.Queue[bool] = SPAWN.Queue()
+        child = SPAWN.Process(target=report_main, args=(queue,))
+        with without_main() if bare else nullcontext():
+            child.start()
+        assert queue.get(timeout=60) is imported
+        child.join(30)
+    assert sys.modules["__main__"] is main  # put back

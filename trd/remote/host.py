@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import uvloop
 
 from trd.config import Address, Config, ConfigError, load_config, parse_address
-from trd.engines.boot import engine_process
+from trd.engines.boot import engine_process, without_main
 from trd.engines.spec import EngineSpec
 from trd.ipc.counters import Counters
 from trd.ipc.mesh import Mesh
@@ -134,7 +134,8 @@ class EngineHost:
         self.proc: BaseProcess = mp.get_context("spawn").Process(
             target=engine_process, args=args, name=f"trd-engine-{self.spec.name}", daemon=True
         )
-        self.proc.start()
+        with without_main():
+            self.proc.start()
 
     async def _serve(self) -> None:
         ready = await self._await_ready()

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from trd.engines.boot import engine_process
+from trd.engines.boot import engine_process, without_main
 from trd.engines.spec import EngineSpec
 from trd.ipc.counters import Counters
 from trd.ipc.mesh import Mesh
@@ -106,7 +106,8 @@ class EngineGroup:
                 proc = ctx.Process(target=link_process if remote else engine_process, args=args,
                                    name=f"trd-{'link' if remote else 'engine'}-{spec.name}",
                                    daemon=True)  # fmt: skip
-                proc.start()
+                with without_main():
+                    proc.start()
                 self.procs.append(proc)
             self._await_ready(timeout, cancelled)
         except BaseException:
