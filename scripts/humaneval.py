@@ -53,7 +53,9 @@ def run_system(
     probs: list[problems.Problem],
     args: argparse.Namespace,
     extra: dict[str, Any],
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
+    """The system's run, judged; None when a request failed (its answers are kept in the
+    sink, the failed ones are asked again by a rerun: never judged as failed problems)."""
     cached = args.out / f"{name}.answers.json"
     if cached.exists():  # generated before, judged again (e.g. after a sandbox change)
         saved = json.loads(cached.read_text())
@@ -67,12 +69,18 @@ def run_system(
             url, todo, args.max_tokens, args.concurrency, sink=sink, style=args.prompt
         )
         seconds = time.monotonic() - t0
+        failed = [a for a in fresh if a.error]
+        if failed:
+            first = failed[0].error
+            print(f"{name}: {len(failed)} of {len(fresh)} requests failed (first: {first}); "
+                  "not judged, a rerun asks them again", flush=True)  # fmt: skip
+            return None
         got = kept | {a.task_id: a for a in fresh}
         answers = [got[p.task_id] for p in probs]
         saved = {"seconds": seconds, "answers": [a.to_json() for a in answers]}
         cached.write_text(json.dumps(saved, indent=1))
     rows = judge(probs, answers)
-    large = extra.get("large_model", "large")
+    tokens = [sum(a.tokens_per_model.values()) for a in answers]
     result = {
         "system": name,
         **extra,
@@ -83,11 +91,13 @@ def run_system(
         "network": sandbox.network(),
         "generate_s": round(seconds, 1),
         "pass_at_1": stats.pass_at_1([r["passed"] for r in rows]),
-        "large_share": generate.large_share(answers, large),
+        "large_share": generate.large_share(answers, extra["large_model"], extra.get("models")),
+        "tokens_mean": sum(tokens) / len(tokens),
         "answers": rows,
     }
-    print(f"{name}: pass@1 {result['pass_at_1']:.3f}, large share {result['large_share']:.3f}, "
-          f"{seconds:.0f} s", flush=True)  # fmt: skip
+    share, mean = result["large_share"], result["tokens_mean"]
+    print(f"{name}: pass@1 {result['pass_at_1']:.3f}, large share {share:.3f}, "
+          f"{mean:.0f} tokens per completion, {seconds:.0f} s", flush=True)  # fmt: skip
     return result
 
 
@@ -97,7 +107,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.url:
         out = args.out / f"{args.name}.json"
         result = run_system(args.name, args.url, probs, args, {"large_model": args.large_model})
-        out.write_text(json.dumps(result, indent=1))
+        if result is not None:
+            out.write_text(json.dumps(result, indent=1))
         return
     base = systems.base_config(args.config, args.small, args.large)
     large_name = base["models"][-1]["name"]
@@ -116,11 +127,12 @@ def cmd_run(args: argparse.Namespace) -> None:
             daemon = systems.start(system, cfg, args.out / "daemons")
             try:
                 result = run_system(system, daemon.server.url, probs, args, extra)
-                if "target_large_share" in cfg["policy"]:
+                if result is not None and "target_large_share" in cfg["policy"]:
                     result["share_control"] = daemon.admin_get("/status").get("share")
             finally:
                 daemon.server.stop()
-        out.write_text(json.dumps(result, indent=1))
+        if result is not None:
+            out.write_text(json.dumps(result, indent=1))
 
 
 def cmd_score(args: argparse.Namespace) -> None:
@@ -135,8 +147,8 @@ def cmd_score(args: argparse.Namespace) -> None:
         run = json.loads(path.read_text())
         todo = [a for a in run["answers"] if "nll" not in a]
         for answer in todo:
-            style = run.get("prompt", "continue")  # runs before the field were "continue"
-            answer["nll"] = scorer.nll(by_id[answer["task_id"]], answer["completion"], style)
+            problem = by_id[answer["task_id"]]
+            answer["nll"] = scorer.nll(problem, answer["completion"], run["prompt"])
         path.write_text(json.dumps(run, indent=1))
         print(f"{run['system']}: {len(todo)} completions scored", flush=True)
 
@@ -155,7 +167,7 @@ def main() -> None:
     run.add_argument("--name", default="daemon", help="the system's name with --url")
     run.add_argument("--large-model", default="large", help="with --url: the large model")
     run.add_argument("--limit", type=int, help="the first N problems only (a quick check)")
-    run.add_argument("--prompt", choices=problems.PROMPT_STYLES, default="instruct")
+    run.add_argument("--prompt", choices=problems.PROMPT_STYLES, default="body")
     run.add_argument("--every", type=int, default=1, help="every Nth problem only (a spread)")
     run.add_argument("--max-tokens", type=int, default=generate.MAX_TOKENS)
     run.add_argument("--concurrency", type=int, default=generate.CONCURRENCY)

@@ -1,13 +1,20 @@
-"""scripts/hevalkit: the sandbox that runs untrusted completions, the program built from a
-completion, and the pass@1 / paired bootstrap arithmetic (exact expectations)."""
+"""scripts/hevalkit: the sandbox that runs untrusted completions, the prompts and the program
+built from a completion, the large share read from the daemon's responses, and the pass@1 /
+paired bootstrap arithmetic (exact expectations)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
+import humaneval
 import pytest
 from hevalkit import generate, problems, report, sandbox, stats
+from hevalkit.generate import Answer
+from openai.types.chat import ChatCompletion
+
+from trd.frontend.responses import Usage
 
 SHORT_S = 3.0  # wall-time limit for the sandbox cases that must be cut off
 
@@ -94,9 +101,12 @@ def test_program_from_a_wrong_completion_fails(completion: str) -> None:
 def test_problems_are_the_164_of_human_eval() -> None:
     probs = problems.load_problems()
     assert len(probs) == 164 and probs[0].task_id == "HumanEval/0"
-    assert probs[0].messages("continue")[-1]["content"].startswith("```python\nfrom typing")
-    ask, answer = probs[0].messages()  # instruct: the problem asked, the answer's fence open
+    ask, answer = probs[0].messages("instruct")  # the problem asked, the answer's fence open
     assert "from typing import List" in ask["content"] and answer["content"].endswith("```python\n")
+    # body (the default): the same exchange, the answer's code begun with the prompt itself
+    assert probs[0].messages() == [ask, {**answer, "content": answer["content"] + probs[0].prompt}]
+    with pytest.raises(ValueError, match="prompt style 'continue'"):
+        probs[0].messages("continue")
 
 
 def test_pass_at_1_is_the_fraction_passed() -> None:
@@ -164,3 +174,66 @@ def test_partial_answers_resume_without_failed_requests(tmp_path: Path) -> None:
     failed = generate.Answer("T/1", "", "error", error="504")
     sink.write_text("".join(json.dumps(a.to_json()) + "\n" for a in (ok, failed)))
     assert generate.read_sink(sink) == {"T/0": ok}
+
+
+def _answer(task: str, **tokens: int) -> generate.Answer:
+    return generate.Answer(task, "    return 1", "stop", tokens)
+
+
+def test_large_share_of_one_model_and_routed_systems() -> None:
+    large = [_answer("T/0", large=40), _answer("T/1", large=60)]
+    small = [_answer("T/0", small=40), _answer("T/1", small=60)]
+    assert generate.large_share(large, "large", ["large"]) == 1.0
+    assert generate.large_share(small, "large", ["small"]) == 0.0
+    routed = [_answer("T/0", small=30, large=10), _answer("T/1", small=50, large=10)]
+    assert generate.large_share(routed, "large", ["small", "large"]) == 0.2
+    # Answers without counts (the field read from the wrong place) give no share, not 0.
+    with pytest.raises(ValueError, match="no tokens_per_model in 2 answers"):
+        generate.large_share([_answer("T/0"), _answer("T/1")], "large", ["large"])
+    # A one-model system whose counts name the other model is an error, not a share.
+    with pytest.raises(ValueError, match=r"a small-only system counted a large \(large\) share"):
+        generate.large_share(large, "large", ["small"])
+
+
+def test_answer_reads_tokens_per_model_beside_usage() -> None:
+    usage = Usage.of(12, [[0, 0, 1]], ["small", "large"])
+    message = {"role": "assistant", "content": "    return 1"}
+    body = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "pair",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        **usage.fields(),  # the daemon's body: tokens_per_model beside usage
+    }
+    answer = generate.answer_of("T/0", ChatCompletion.model_validate(body), 1.5)
+    assert answer == generate.Answer("T/0", "    return 1", "stop", {"small": 2, "large": 1}, 1.5)
+
+
+def test_run_with_failed_requests_is_not_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that failed (a 504 when the engines stall) makes no pass@1 of 0 and no
+    share of 0: the system is not judged, and a rerun asks only the failed problems again."""
+    probs = [PROBLEM, problems.Problem("T/1", PROBLEM.prompt, "add", PROBLEM.test)]
+    asked: list[list[str]] = []
+
+    def fake(url: str, todo: list[problems.Problem], *_: object, **kw: object) -> list[Answer]:
+        asked.append([p.task_id for p in todo])
+        got = [generate.Answer(p.task_id, "    return sum(xs)", "stop", {"large": 4}) for p in todo]
+        if len(asked) == 1:
+            got[1] = generate.Answer("T/1", "", "error", error="504")
+        with (tmp_path / "large.partial.jsonl").open("a") as f:  # as generate's sink does
+            f.writelines(json.dumps(answer.to_json()) + "\n" for answer in got)
+        return got
+
+    monkeypatch.setattr(generate, "generate", fake)
+    args = argparse.Namespace(
+        out=tmp_path, max_tokens=64, concurrency=2, prompt="body", limit=None, every=1
+    )
+    extra = {"large_model": "large", "models": ["large"]}
+    assert humaneval.run_system("large", "url", probs, args, extra) is None
+    assert not (tmp_path / "large.answers.json").exists()
+    result = humaneval.run_system("large", "url", probs, args, extra)
+    assert asked == [["T/0", "T/1"], ["T/1"]] and result is not None
+    assert (result["pass_at_1"], result["large_share"], result["tokens_mean"]) == (1.0, 1.0, 4.0)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from hevalkit.problems import STOPS, Problem
 
@@ -56,14 +57,20 @@ def ask(api: openai.OpenAI, model: str, problem: Problem, max_tokens: int, style
         )
     except openai.OpenAIError as exc:
         return Answer(problem.task_id, "", "error", seconds=time.monotonic() - t0, error=repr(exc))
+    return answer_of(problem.task_id, resp, time.monotonic() - t0)
+
+
+def answer_of(task_id: str, resp: ChatCompletion, seconds: float) -> Answer:
+    """The answer in a response, with the daemon's `tokens_per_model` (beside `usage`, not
+    inside it: read from inside, every count was missing and every share 0)."""
     choice = resp.choices[0]
-    extra = resp.model_extra or {}  # the daemon's fields beside OpenAI's usage
+    extra = resp.model_extra or {}
     return Answer(
-        problem.task_id,
+        task_id,
         choice.message.content or "",
         str(choice.finish_reason),
         {str(k): int(v) for k, v in (extra.get("tokens_per_model") or {}).items()},
-        time.monotonic() - t0,
+        seconds,
     )
 
 
@@ -74,7 +81,7 @@ def generate(
     concurrency: int = CONCURRENCY,
     progress: bool = True,
     sink: Path | None = None,
-    style: str = "instruct",
+    style: str = "body",
 ) -> list[Answer]:
     """Every problem's answer, in the problems' order; with `sink`, each answer is also
     appended to that JSON-lines file as it comes (a run cut off keeps what finished)."""
@@ -108,7 +115,15 @@ def read_sink(sink: Path) -> dict[str, Answer]:
     return {a.task_id: a for a in rows if not a.error}
 
 
-def large_share(answers: list[Answer], large: str) -> float:
-    """The large model's share of all output tokens of the run."""
+def large_share(answers: list[Answer], large: str, models: list[str] | None = None) -> float:
+    """The large model's share of all output tokens of the run, from the responses'
+    `tokens_per_model`. With `models` (the system's models, in config order) the share is
+    checked against what the system can reach: a one-model system's share is 1 or 0 by
+    construction, and counts that disagree (or none at all) are an error, not a share."""
     total = sum(sum(a.tokens_per_model.values()) for a in answers)
-    return sum(a.tokens_per_model.get(large, 0) for a in answers) / total if total else 0.0
+    if total == 0:
+        raise ValueError(f"no tokens_per_model in {len(answers)} answers: no share to report")
+    share = sum(a.tokens_per_model.get(large, 0) for a in answers) / total
+    if models is not None and len(models) == 1 and share != float(models[0] == large):
+        raise ValueError(f"a {models[0]}-only system counted a large ({large}) share of {share}")
+    return share

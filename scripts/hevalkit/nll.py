@@ -37,7 +37,7 @@ class Scorer:
         return list(self.tokenizer(str(text), add_special_tokens=False)["input_ids"])
 
     @torch.inference_mode()
-    def nll(self, problem: Problem, completion: str, style: str = "instruct") -> float:
+    def nll(self, problem: Problem, completion: str, style: str = "body") -> float:
         """Mean NLL of `completion` after the problem's prompt; NaN for an empty one."""
         key = (problem.task_id, completion, style)
         if key in self.cache:

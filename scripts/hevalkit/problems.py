@@ -1,18 +1,24 @@
 """The 164 HumanEval problems: the chat we send, the code we take back, the program we run.
 
-The prompt is chat-formatted (the instruct models see their own template) with the
+The prompt is chat-formatted (the instruct models see their own template, as in the
+Qwen2.5-Coder report's instruct figures, which use evalplus's chat prompt) with the
 assistant's turn already begun and continued by the model (`continue_final_message`,
-vLLM's chat-template argument the daemon takes). Two styles:
+vLLM's chat-template argument the daemon takes). Two styles, both evalplus's user message
+(the problem in a fenced block) and its answer's opening sentence:
 
-    instruct  (default) evalplus's, which the Qwen2.5-Coder report's instruct figures
-              use: the problem in the user message, the assistant's "Below is a Python
-              script ...\n```python\n"; the model writes the whole function
-    continue  a one-line user request, the assistant's "```python\n" + the problem's
-              prompt: the model writes only the body (half the tokens), but the 1.5B
-              then often hands back a placeholder (`# Your code here` / `pass`)
+    body      (default) the assistant's turn pre-filled with the answer's sentence and
+              "```python\n" + the problem's prompt: the model writes only the body
+              (50-120 tokens). This is evalplus's exchange with the function's head
+              restated verbatim, which is what the models write first anyway (the
+              instruct style below), so it keeps the report's format at a third of the
+              tokens. With the problem only in the assistant's turn (a one-line user
+              request), the 1.5B echoed it as a template: `# Your code here` / `pass`.
+    instruct  the assistant's turn ends at "```python\n": the model restates the
+              imports, signature and docstring before the body (150-256 tokens)
 
-The stop strings (the closing fence, and a comment, print, assert or main block at the
-left margin) end the code: no examples or explanation after it.
+The judged program is the problem's prompt followed by the code (`program`). The stop
+strings (the closing fence, and a comment, print, assert or main block at the left
+margin) end the code: no examples or explanation after it.
 """
 
 from __future__ import annotations
@@ -23,7 +29,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-INSTRUCTION = "Complete the following Python function."
 EVALPLUS_ASK = (
     "Please provide a self-contained Python script that solves the following problem in a "
     "markdown code block:"
@@ -32,7 +37,7 @@ EVALPLUS_ANSWER = (
     "Below is a Python script with a self-contained function that solves the problem and "
     "passes corresponding tests:"
 )
-PROMPT_STYLES = ("instruct", "continue")
+PROMPT_STYLES = ("body", "instruct")
 FENCE = "```"
 # The closing fence, and what starts at the left margin after the function's indented
 # body: a model that goes on past the function writes examples or tests, not the answer
@@ -47,16 +52,14 @@ class Problem:
     entry_point: str
     test: str
 
-    def messages(self, style: str = "instruct") -> list[dict[str, str]]:
+    def messages(self, style: str = "body") -> list[dict[str, str]]:
         """The chat of one PROMPT_STYLES style, its assistant turn to be continued."""
-        if style == "continue":
-            return [
-                {"role": "user", "content": INSTRUCTION},
-                {"role": "assistant", "content": f"{FENCE}python\n{self.prompt}"},
-            ]
+        if style not in PROMPT_STYLES:
+            raise ValueError(f"prompt style {style!r}: expected one of {PROMPT_STYLES}")
+        answer = f"{EVALPLUS_ANSWER}\n{FENCE}python\n"
         return [
             {"role": "user", "content": f"{EVALPLUS_ASK}\n{FENCE}\n{self.prompt.strip()}\n{FENCE}"},
-            {"role": "assistant", "content": f"{EVALPLUS_ANSWER}\n{FENCE}python\n"},
+            {"role": "assistant", "content": answer + (self.prompt if style == "body" else "")},
         ]
 
 
