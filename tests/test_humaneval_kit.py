@@ -138,7 +138,10 @@ def test_gap_recovered_exact_cases() -> None:
 
 
 def _run(system: str, share: float, passed: list[bool]) -> dict[str, object]:
-    answers = [{"task_id": f"T/{i}", "passed": p, "nll": 0.5} for i, p in enumerate(passed)]
+    answers = [
+        {"task_id": f"T/{i}", "passed": p, "nll": 0.5, "tokens_per_model": {"small": 10 + i}}
+        for i, p in enumerate(passed)
+    ]
     return {"system": system, "large_share": share, "generate_s": 1.0, "answers": answers}
 
 
@@ -155,6 +158,7 @@ def test_report_table_and_target(tmp_path: Path) -> None:
     (tmp_path / "small.answers.json").write_text("{}")  # generation cache: not a run
     rows = {r["system"]: r for r in report.summarize(report.load(tmp_path))}
     assert rows["rstitch@0.1"]["pass_at_1"] == 0.75 and rows["rstitch@0.1"]["nll"] == 0.5
+    assert rows["rstitch@0.1"]["tokens_mean"] == 11.5
     assert rows["rstitch@0.1"]["gap"] == (0.5, 0.0, 1.0)
     assert rows["rstitch@0.3"]["vs_large"] == (0.0, 0.0, 0.0)
     assert report.verdict(list(rows.values())).startswith(
@@ -164,6 +168,7 @@ def test_report_table_and_target(tmp_path: Path) -> None:
     # Differences [1, 0, 0, 0]: a resample's mean is 0 with chance (3/4)^4 = 0.32 and at
     # least 0.75 with chance 0.051 (1 only with 1/256): the percentiles are 0 and 0.75.
     assert "| rstitch@0.1 | 9.0% | 75.0% (3/4) | +25.0 [+0.0, +75.0] |" in text
+    assert "| 0.500 | 11.5 | 1 |\n" in text
     assert (tmp_path / "doc" / "humaneval_pass1.png").stat().st_size > 0
 
 

@@ -2,7 +2,8 @@
 
 Per system: the large share reached, pass@1, its paired bootstrap 95% intervals against
 the small and the large model alone (differences in points), the share of the gap
-between them recovered, and the mean NLL under the large model when `score` ran. Plots:
+between them recovered, the mean NLL under the large model when `score` ran, the mean
+output tokens per completion and the generation's wall time. Plots:
 pass@1 and NLL against the large share reached, one curve per policy, the two models
 alone as reference points. Only the problems every system answered are compared.
 """
@@ -38,6 +39,11 @@ def _column(run: dict[str, Any], ids: list[str], key: str) -> list[float]:
     return [float(by_id[i].get(key, math.nan)) for i in ids]
 
 
+def _tokens(run: dict[str, Any], ids: list[str]) -> list[int]:
+    by_id = {a["task_id"]: a for a in run["answers"]}
+    return [sum(by_id[i]["tokens_per_model"].values()) for i in ids]
+
+
 def _fmt(triple: tuple[float, float, float] | None, scale: float = 100.0) -> str:
     if triple is None:
         return "-"
@@ -49,6 +55,7 @@ def summarize(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per system, on the problems all systems answered."""
     ids = sorted(set.intersection(*({a["task_id"] for a in r["answers"]} for r in runs.values())))
     passed = {s: _column(r, ids, "passed") for s, r in runs.items()}
+    tokens = {s: _tokens(r, ids) for s, r in runs.items()}
     nll = {s: _column(r, ids, "nll") for s, r in runs.items()}
     small, large = passed.get("small"), passed.get("large")
     rows = []
@@ -64,6 +71,7 @@ def summarize(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "passed": int(sum(passed[system])),
             "pass_at_1": stats.pass_at_1([bool(p) for p in passed[system]]),
             "nll": sum(scored) / len(scored) if len(scored) == len(ids) else None,
+            "tokens_mean": sum(tokens[system]) / len(ids),
             "generate_s": run["generate_s"],
         }
         if small is not None:
@@ -80,14 +88,16 @@ def summarize(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| system | large share reached | pass@1 | vs 0.5B (points, 95% CI) "
-        "| vs 1.5B (points, 95% CI) | gap recovered (%, 95% CI) | NLL under 1.5B |\n"
-        "|---|---|---|---|---|---|---|\n"
+        "| vs 1.5B (points, 95% CI) | gap recovered (%, 95% CI) | NLL under 1.5B "
+        "| tokens per completion | generation wall s |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
         f"| {r['system']} | {100 * r['large_share']:.1f}% "
         f"| {100 * r['pass_at_1']:.1f}% ({r['passed']}/{r['problems']}) "
         f"| {_fmt(r.get('vs_small'))} | {_fmt(r.get('vs_large'))} | {_fmt(r.get('gap'))} "
-        f"| {'-' if r['nll'] is None else format(r['nll'], '.3f')} |"
+        f"| {'-' if r['nll'] is None else format(r['nll'], '.3f')} "
+        f"| {r['tokens_mean']:.1f} | {r['generate_s']:.0f} |"
         for r in rows
     ]
     return head + "\n".join(lines) + "\n"
