@@ -1,11 +1,11 @@
 """Tables and plots of a HumanEval run folder (OUT/<system>.json from `humaneval.py run`).
 
-Per system: the large share reached, pass@1, its paired bootstrap 95% intervals against
-the small and the large model alone (differences in points), the share of the gap
-between them recovered, the mean NLL under the large model when `score` ran, the mean
-output tokens per completion and the generation's wall time. Plots:
-pass@1 and NLL against the large share reached, one curve per policy, the two models
-alone as reference points. Only the problems every system answered are compared.
+Per system: the large share reached, pass@1 with its bootstrap 95% interval, its paired
+bootstrap 95% intervals against the small and the large model alone (differences in
+points), the share of the gap between them recovered, the mean NLL under the large model
+when `score` ran, the mean output tokens per completion and the generation's wall time.
+Plots: pass@1 and NLL against the large share reached, one curve per policy, the two
+models alone as reference points. Only the problems every system answered are compared.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def summarize(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "problems": len(ids),
             "passed": int(sum(passed[system])),
             "pass_at_1": stats.pass_at_1([bool(p) for p in passed[system]]),
+            # the bootstrap interval of the mean alone: paired against all-failed
+            "pass_ci": stats.paired_interval(passed[system], [0.0] * len(ids)),
             "nll": sum(scored) / len(scored) if len(scored) == len(ids) else None,
             "tokens_mean": sum(tokens[system]) / len(ids),
             "generate_s": run["generate_s"],
@@ -87,14 +89,15 @@ def summarize(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| system | large share reached | pass@1 | vs 0.5B (points, 95% CI) "
+        "| system | large share reached | pass@1 (95% CI) | vs 0.5B (points, 95% CI) "
         "| vs 1.5B (points, 95% CI) | gap recovered (%, 95% CI) | NLL under 1.5B "
         "| tokens per completion | generation wall s |\n"
         "|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = [
         f"| {r['system']} | {100 * r['large_share']:.1f}% "
-        f"| {100 * r['pass_at_1']:.1f}% ({r['passed']}/{r['problems']}) "
+        f"| {100 * r['pass_at_1']:.1f}% [{100 * r['pass_ci'][1]:.1f}, {100 * r['pass_ci'][2]:.1f}] "
+        f"({r['passed']}/{r['problems']}) "
         f"| {_fmt(r.get('vs_small'))} | {_fmt(r.get('vs_large'))} | {_fmt(r.get('gap'))} "
         f"| {'-' if r['nll'] is None else format(r['nll'], '.3f')} "
         f"| {r['tokens_mean']:.1f} | {r['generate_s']:.0f} |"
