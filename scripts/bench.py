@@ -64,6 +64,10 @@ def main() -> None:
     )
     ap.add_argument("--agent-turns", type=int, help="agent: turns per conversation (a smaller run)")
     ap.add_argument("--agent-answer", type=int, help="agent: max_tokens of every turn")
+    ap.add_argument(
+        "--agent-per-worker", type=int, default=2,
+        help="agent: conversations each of the N workers runs, one after the other",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(1)  # the engines under test need the other cores
     pair = load_pair(args.pair, args.cache_dir)
@@ -73,7 +77,9 @@ def main() -> None:
     tau = DEFAULT_TAU[args.pair] if args.tau is None else args.tau
     if args.agent:
         shape = scaled_shape(pair.name, args.agent_turns, args.agent_answer)
-        agent = asyncio.run(AgentBench(pair, tau, logs, tuple(args.agent_n), shape).run_all())
+        agent = asyncio.run(
+            AgentBench(pair, tau, logs, tuple(args.agent_n), shape, args.agent_per_worker).run_all()
+        )
         args.out.write_text(json.dumps(agent, indent=1))
         print("\n".join(agent_table(agent)))
         return

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,12 +62,11 @@ def run_system(
     else:
         sink = args.out / f"{name}.partial.jsonl"  # resumed from, when a run was cut off
         kept = generate.read_sink(sink)
-        t0 = time.monotonic()
         todo = [p for p in probs if p.task_id not in kept]
         fresh = generate.generate(
             url, todo, args.max_tokens, args.concurrency, sink=sink, style=args.prompt
         )
-        seconds = time.monotonic() - t0
+        seconds = generate.sink_seconds(sink)  # summed over the runs it was resumed from
         failed = [a for a in fresh if a.error]
         if failed:
             first = failed[0].error

@@ -137,6 +137,19 @@ def test_gap_recovered_exact_cases() -> None:
     assert stats.gap_recovered(small, small, small) is None
 
 
+def test_target_met_only_with_a_gap_beyond_noise(tmp_path: Path) -> None:
+    """40 problems, the 1.5B solving 20 more than the 0.5B: the gap is real, and a routed
+    point recovering 16 of the 20 (80%) at 28% large tokens meets the 70% target."""
+    small, large = [False] * 20 + [True] * 20, [True] * 40
+    for name, share, passed in [("small", 0.0, small), ("large", 1.0, large),
+                                ("rstitch@0.3", 0.28, [False] * 4 + [True] * 36)]:  # fmt: skip
+        (tmp_path / f"{name}.json").write_text(json.dumps(_run(name, share, passed)))
+    rows = report.summarize(report.load(tmp_path))
+    assert report.verdict(rows).startswith(
+        "met: best at <= 30% large tokens is rstitch@0.3 (28.0% large) with +80.0"
+    )
+
+
 def _run(system: str, share: float, passed: list[bool]) -> dict[str, object]:
     answers = [
         {"task_id": f"T/{i}", "passed": p, "nll": 0.5, "tokens_per_model": {"small": 10 + i}}
@@ -161,8 +174,9 @@ def test_report_table_and_target(tmp_path: Path) -> None:
     assert rows["rstitch@0.1"]["tokens_mean"] == 11.5
     assert rows["rstitch@0.1"]["gap"] == (0.5, 0.0, 1.0)
     assert rows["rstitch@0.3"]["vs_large"] == (0.0, 0.0, 0.0)
+    # The 1.5B leads by 2 of 4 problems: a resample with no lead has chance 1/16 > 2.5%.
     assert report.verdict(list(rows.values())).startswith(
-        "met: best at <= 30% large tokens is rstitch@0.3 (28.0% large)"
+        "not assessed: the 1.5B's lead over the 0.5B, +50.0 [+0.0, +100.0] points"
     )
     text = report.write(tmp_path, tmp_path / "doc")
     # Differences [1, 0, 0, 0]: a resample's mean is 0 with chance (3/4)^4 = 0.32 and at
@@ -181,6 +195,16 @@ def test_partial_answers_resume_without_failed_requests(tmp_path: Path) -> None:
     failed = generate.Answer("T/1", "", "error", error="504")
     sink.write_text("".join(json.dumps(a.to_json()) + "\n" for a in (ok, failed)))
     assert generate.read_sink(sink) == {"T/0": ok}
+
+
+def test_sink_sums_the_wall_time_of_every_resumed_run(tmp_path: Path) -> None:
+    """A run cut off after 30 s and resumed for 20 s took 50 s, not the last piece's 20."""
+    sink = tmp_path / "s.partial.jsonl"
+    rows = [("T/0", 1.0, 10.0), ("T/1", 1.0, 30.0), ("T/2", 2.0, 5.0), ("T/3", 2.0, 20.0)]
+    answers = [generate.Answer(t, "", "stop", run=run, at_s=at) for t, run, at in rows]
+    answers.append(generate.Answer("T/4", "", "error", error="504", run=2.0, at_s=99.0))
+    sink.write_text("".join(json.dumps(a.to_json()) + "\n" for a in answers))
+    assert generate.sink_seconds(sink) == 50.0
 
 
 def _answer(task: str, **tokens: int) -> generate.Answer:

