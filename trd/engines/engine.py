@@ -30,7 +30,7 @@ from trd.engines.runner import ForwardOutput, ModelRunner
 from trd.engines.sampler import ban_early_stops, sample_tensor
 from trd.engines.scheduler import Scheduled, Scheduler
 from trd.engines.spec import EngineSpec
-from trd.engines.step import StepResult
+from trd.engines.step import StepResult, TokenLogprobs
 from trd.protocol import FinishReason, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class TokenOutput:
     token: int  # -1 when the request failed
     finish: FinishReason
     error: str = ""
+    logprobs: TokenLogprobs | None = None  # when the request's SamplingParams ask
 
 
 class Engine:
@@ -172,22 +173,29 @@ class Engine:
         for req, error in result.failed:
             self.scheduler.finish(req)
             outputs.append(TokenOutput(req.rid, -1, FinishReason.ERROR, error))
-        for req, token in zip(result.requests, result.tokens, strict=True):
-            outputs.append(TokenOutput(req.rid, token, self.commit(req, [token])))
+        host = result.resolve()
+        for req, token, lp in zip(host.requests, host.tokens, host.logprobs, strict=True):
+            outputs.append(TokenOutput(req.rid, token, self.commit(req, [token]), logprobs=lp))
         return outputs
+
+    def run(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None
+    ) -> list[list[TokenOutput]]:
+        """Run prompts to completion together; each one's outputs (a failure raises)."""
+        rids = [self.add_request(p, params) for p in prompts]
+        outs: dict[int, list[TokenOutput]] = {rid: [] for rid in rids}
+        while self.has_unfinished():
+            for o in self.step():
+                if o.finish is FinishReason.ERROR:
+                    raise RuntimeError(f"request {o.rid} failed: {o.error}")
+                outs[o.rid].append(o)
+        return [outs[rid] for rid in rids]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None
     ) -> list[list[int]]:
         """Run prompts to completion together; return each one's output tokens."""
-        rids = [self.add_request(p, params) for p in prompts]
-        outs: dict[int, list[int]] = {rid: [] for rid in rids}
-        while self.has_unfinished():
-            for o in self.step():
-                if o.finish is FinishReason.ERROR:
-                    raise RuntimeError(f"request {o.rid} failed: {o.error}")
-                outs[o.rid].append(o.token)
-        return [outs[rid] for rid in rids]
+        return [[o.token for o in outs] for outs in self.run(prompts, params)]
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

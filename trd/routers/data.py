@@ -142,28 +142,16 @@ def large_engine(
 
 
 def answer(engine: Engine, prompts: list[list[int]], max_tokens: int) -> Answers:
-    """The large model's greedy answers with their log-probabilities (Engine.generate's
-    loop, reading each step's log-probabilities before committing its tokens)."""
+    """The large model's greedy answers with each token's log-probability and top tokens."""
     params = SamplingParams(max_tokens=max_tokens, logprobs=LOGPROB_K)
-    rids = [engine.add_request(p, params) for p in prompts]
-    rows: dict[int, list[tuple[int, float, list[int], list[float]]]] = {r: [] for r in rids}
-    while engine.has_unfinished():
-        result = engine.forward()
-        if result is None:
-            continue
-        host = result.resolve()
-        if host.failed:
-            req, error = host.failed[0]
-            raise RuntimeError(f"request {req.rid} failed: {error}")
-        for req, token, lp in zip(host.requests, host.tokens, host.logprobs, strict=True):
-            assert lp is not None
-            rows[req.rid].append((token, lp.logprob, lp.top_ids, lp.top_logprobs))
-            engine.commit(req, [token])
     out = Answers([], [], [], [])
-    for rid in rids:
-        tokens, own, ids, logps = zip(*rows[rid], strict=True) if rows[rid] else ((),) * 4
-        out.tokens.append(list(tokens))
-        out.own.append(torch.tensor(own, dtype=torch.float32))
+    for outputs in engine.run(prompts, params):
+        lps = [o.logprobs for o in outputs]
+        assert all(lp is not None for lp in lps), "every step asked for log-probabilities"
+        out.tokens.append([o.token for o in outputs])
+        out.own.append(torch.tensor([lp.logprob for lp in lps if lp], dtype=torch.float32))
+        ids = [lp.top_ids for lp in lps if lp]
+        logps = [lp.top_logprobs for lp in lps if lp]
         out.top_ids.append(torch.tensor(ids, dtype=torch.long).reshape(-1, LOGPROB_K))
         out.top_logps.append(torch.tensor(logps, dtype=torch.float32).reshape(-1, LOGPROB_K))
     return out
