@@ -18,6 +18,7 @@ from typing import Any, Literal
 import jsonschema
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field
 
@@ -81,13 +82,18 @@ def chat(daemon: Daemon, stream: bool, **kw: Any) -> tuple[str, list[Any], str]:
         out = client.chat.completions.create(model=daemon.model, **kw)
         msg = out.choices[0].message
         return msg.content or "", list(msg.tool_calls or []), out.choices[0].finish_reason
-    text, calls, finish = "", list[Any](), ""
+    # The openai client's own accumulation of streamed deltas (tool-call fragments joined
+    # by index), as `client.chat.completions.stream` does.
+    state = ChatCompletionStreamState(input_tools=kw.get("tools", openai.omit))
+    deltas = 0
     for chunk in client.chat.completions.create(model=daemon.model, stream=True, **kw):
-        delta = chunk.choices[0].delta
-        text += delta.content or ""
-        calls += delta.tool_calls or []
-        finish = chunk.choices[0].finish_reason or finish
-    return text, calls, finish
+        state.handle_chunk(chunk)
+        deltas += sum(len(c.delta.tool_calls or []) for c in chunk.choices)
+    final = state.current_completion_snapshot.choices[0]  # (the final one raises at "length")
+    calls = list(final.message.tool_calls or [])
+    # "required" and named calls stream as written: a first delta, then fragments
+    assert deltas > len(calls) or kw.get("tool_choice") in (None, "auto") or not calls
+    return final.message.content or "", calls, final.finish_reason
 
 
 @pytest.mark.parametrize("stream", [False, True])

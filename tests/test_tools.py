@@ -51,15 +51,59 @@ def test_required_and_named_read_their_constrained_output() -> None:
 def test_a_stream_holds_back_what_may_be_a_call() -> None:
     stream = ToolStream(auto())
     sent = [stream.feed(d) for d in ["Hi <", "tool", "_call>\n", CALL[12:]]]
-    assert "".join(sent) == "Hi " and sent[0] == "Hi "
-    rest, calls = stream.finish()
+    assert "".join(text for text, _ in sent) == "Hi " and sent[0] == ("Hi ", [])
+    assert not any(deltas for _, deltas in sent)  # "auto": calls are sent whole at the end
+    rest, deltas, calls = stream.finish()
     assert rest == "" and calls[0]["function"]["arguments"] == '{"a": 1}'
+    assert deltas == [{"index": 0, **calls[0]}]
     plain = ToolStream(auto())
-    assert plain.feed("a <b") == "a <b" and plain.finish() == ("", [])
+    assert plain.feed("a <b") == ("a <b", []) and plain.finish() == ("", [], [])
     held = ToolStream(auto())
-    assert held.feed("x <tool") == "x " and held.finish() == ("<tool", [])
+    assert held.feed("x <tool") == ("x ", []) and held.finish() == ("<tool", [], [])
     obj = ToolStream(auto())
-    assert obj.feed('{"a": 1}') == "" and obj.finish() == ('{"a": 1}', [])
+    assert obj.feed('{"a": 1}') == ("", []) and obj.finish() == ('{"a": 1}', [], [])
+
+
+def joined(deltas: list[dict[str, Any]]) -> dict[int, dict[str, str]]:
+    """Deltas joined by index, as the openai client does: {index: {id, name, arguments}}."""
+    calls: dict[int, dict[str, str]] = {}
+    for d in deltas:
+        call = calls.setdefault(d["index"], {"id": "", "name": "", "arguments": ""})
+        if "id" in d:  # the first delta of a call: once, with its id and name
+            assert not call["id"] and d["type"] == "function"
+            call |= {"id": d["id"], "name": d["function"]["name"]}
+        call["arguments"] += d["function"]["arguments"]
+    return calls
+
+
+def test_required_and_named_calls_stream_as_they_are_written() -> None:
+    required = parse_tools([FN], "required")
+    named = parse_tools([FN], {"type": "function", "function": {"name": "add"}})
+    assert required is not None and named is not None
+    text = ('[{"name": "add", "parameters": {"a": {"b": [1, "x}\\""]}, "c": 2}}, '
+            '{"name": "add", "parameters": {}}]')  # fmt: skip
+    for tools, out, args in [(required, text, ['{"a": {"b": [1, "x}\\""]}, "c": 2}', "{}"]),
+                             (named, '{"a": 4}', ['{"a": 4}'])]:  # fmt: skip
+        stream, deltas, pieces = ToolStream(tools), [], 0
+        for ch in out:  # a character per token: the worst case for the scanner
+            text_sent, got = stream.feed(ch)
+            assert text_sent == ""
+            deltas += got
+            pieces += bool(got)
+        rest, last, calls = stream.finish()
+        assert rest == ""
+        deltas += last
+        calls_joined = joined(deltas)
+        assert [c["arguments"] for c in calls_joined.values()] == args
+        assert {c["name"] for c in calls_joined.values()} == {"add"} and pieces > len(args)
+        assert [json.loads(c["function"]["arguments"]) for c in calls] == [
+            json.loads(a) for a in args
+        ]
+    # A call is sent once its name is known, however the object orders its keys.
+    late = ToolStream(required)
+    assert late.feed('[{"parameters": {"a": 1}') == ("", [])
+    first = late.feed(', "name": "add"')[1]
+    assert first[0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
 
 
 @pytest.mark.parametrize(

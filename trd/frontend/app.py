@@ -42,7 +42,7 @@ from trd.frontend.openai_api import (
 from trd.frontend.responses import Shaper, Usage
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
-from trd.frontend.tool_stream import ToolStream, end_tool_stream
+from trd.frontend.tool_stream import ToolStream, end_tool_stream, with_calls
 from trd.frontend.tools import finish_reason
 from trd.logs import kv
 from trd.protocol import SamplingParams
@@ -282,7 +282,8 @@ class OpenAIApi:
                         finish = await end_tool_stream(c, tools, shaper, send, chunk)
                         await send(chunk(c, "", finish))
                     else:
-                        await send(chunk(c, tools[c.index].feed(delta) if tools else delta))
+                        text, calls = tools[c.index].feed(delta) if tools else (delta, [])
+                        await send(with_calls(chunk(c, text), calls))
             outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
             if req.include_usage:
                 await send(shaper.usage_chunk(self._usage(choices)))

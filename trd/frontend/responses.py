@@ -121,9 +121,9 @@ class Shaper:
         counts = {} if usage is None else usage.fields()
         return {**self._head(chunk=True), "choices": [choice], **counts}
 
-    def tool_calls_chunk(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
-        """A chat choice's tool calls, whole, as one delta (OpenAI's streamed shape)."""
-        deltas = [{"index": i, **call} for i, call in enumerate(calls)]
+    def tool_calls_chunk(self, index: int, deltas: list[dict[str, Any]]) -> dict[str, Any]:
+        """Tool-call deltas of a chat choice, each with its call's `index` (OpenAI's
+        streamed shape)."""
         choice = {"index": index, "delta": {"tool_calls": deltas}, "logprobs": None,
                   "finish_reason": None}  # fmt: skip
         return {**self._head(chunk=True), "choices": [choice]}

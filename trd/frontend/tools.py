@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from trd.frontend.call_deltas import call_id
 from trd.frontend.errors import bad, describe
 from trd.frontend.structured import compiled
 
@@ -113,7 +113,7 @@ def _parameters(function: dict[str, Any]) -> Any:
 
 
 def _call(name: str, arguments: str) -> dict[str, Any]:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": call_id(), "type": "function",
             "function": {"name": name, "arguments": arguments}}  # fmt: skip
 
 
