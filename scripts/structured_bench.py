@@ -24,7 +24,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from openai import OpenAI
+from openai import OpenAI, omit
+from openai.lib.streaming.chat import ChatCompletionStreamState
 from structured_tasks import Task, tasks
 
 MAX_TOKENS = 200
@@ -56,18 +57,16 @@ def run(client: OpenAI, model: str, task: Task, stream: bool, length: int | None
         made = c.model_extra["token_models"] if c.model_extra else []
         return {"content": c.message.content, "calls": c.message.tool_calls or [],
                 "finish": c.finish_reason, "models": made}  # fmt: skip
-    content, finish = "", ""
-    calls: list[Any] = []
+    # The openai client's own accumulation of the deltas (tool-call fragments by index).
+    state = ChatCompletionStreamState(input_tools=extra.get("tools", omit))
     models: list[str] = []
     for chunk in client.chat.completions.create(**kw, **extra, extra_body=body, stream=True):
-        if not chunk.choices:
-            continue
-        ch = chunk.choices[0]
-        content += ch.delta.content or ""
-        calls += ch.delta.tool_calls or []
-        models += (ch.model_extra or {}).get("token_models") or []
-        finish = ch.finish_reason or finish
-    return {"content": content or None, "calls": calls, "finish": finish, "models": models}
+        state.handle_chunk(chunk)
+        if chunk.choices:
+            models += (chunk.choices[0].model_extra or {}).get("token_models") or []
+    final = state.current_completion_snapshot.choices[0]
+    return {"content": final.message.content or None, "calls": final.message.tool_calls or [],
+            "finish": final.finish_reason, "models": models}  # fmt: skip
 
 
 def one_pass(
