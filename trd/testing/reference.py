@@ -80,7 +80,9 @@ class ReferenceRouter:
             cache = caches[cur]
             seen = cache.get_seq_length() if cache is not None else 0
             feed = torch.tensor([seq[seen:]], device=self.device)
-            out = self.models[cur](feed, cache=cache, output_hidden_states=True)
+            # logits_to_keep: only the last position's logits (a prefill's full logits are
+            # positions x vocabulary, 151,936 wide for Qwen: as costly as the layers).
+            out = self.models[cur](feed, cache=cache, output_hidden_states=True, logits_to_keep=1)
             logits, hidden = out.logits[0, -1:, : self.vocab], out.hidden_states[-1][0, -1:]
             if self.constraints.apply([req], logits):
                 trace.finish = FinishReason.ERROR  # the grammar allows no next token
