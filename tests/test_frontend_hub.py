@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from trd.protocol import Emit, FinishReason, SamplingParams
-from trd.supervisor.generation import Generation
+from trd.supervisor.generation import Generation, stalled_requests
 from trd.supervisor.hub import Hub, Unavailable
 
 
@@ -130,3 +130,17 @@ def test_detach_fails_running_requests_with_503_and_drain_waits_for_them() -> No
         assert await hub.drain(0.05)
 
     asyncio.run(run())
+
+
+def test_a_request_queued_behind_working_engines_is_not_a_stall() -> None:
+    """No progress for the limit fails a request only while an engine is silent (hung, or
+    in one long forward); behind engines that keep reporting it may wait 10 limits."""
+    waiting, done = Generation(1, prompt_len=3), Generation(2, prompt_len=3)
+    done.fail("finished before")
+    waiting.progress_at = done.progress_at = 0.0
+    gens = [waiting, done]
+    assert stalled_requests(gens, {0: 299.0, 1: 299.5}, 300.0, 120.0) == (1200.0, [])
+    assert stalled_requests(gens, {0: 299.0, 1: 170.0}, 300.0, 120.0) == (120.0, [waiting])
+    assert stalled_requests(gens, {0: 1299.0, 1: 1299.5}, 1300.0, 120.0) == (1200.0, [waiting])
+    waiting.progress_at = 250.0  # it moved since: nothing to fail, whoever is silent
+    assert stalled_requests(gens, {0: 299.0, 1: 0.0}, 300.0, 120.0) == (120.0, [])

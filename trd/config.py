@@ -159,7 +159,7 @@ class Config:
     mps: MpsMode = "auto"
     memory: MemoryConfig = MemoryConfig()
     max_inflight: int = 256
-    stall_timeout_s: float = 120.0  # a request no engine reports on this long fails
+    stall_timeout_s: float = 120.0  # no progress this long while an engine is silent: 504
     policy: PolicySpec = PolicySpec("rstitch")  # noqa: RUF009 - frozen, shared safely
     thresholds: dict[str, tuple[int, ...]] = field(default_factory=dict)
     batching: BatchingSettings = BatchingSettings()  # noqa: RUF009 - frozen, shared safely

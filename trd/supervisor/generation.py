@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,3 +142,19 @@ class Generation:
         )  # fmt: skip
         self.done_at = time.perf_counter()
         self.changed.set()
+
+
+# A request behind engines that keep working (stepping, or idle and reporting) fails only
+# after this many stall limits: a queue of long prefills on a CPU is not a hang.
+QUEUED_FACTOR = 10
+
+
+def stalled_requests(
+    gens: Iterable[Generation], heard: dict[int, float], now: float, limit_s: float
+) -> tuple[float, list[Generation]]:
+    """(the wait that applies, the requests without progress for that long): `limit_s`
+    while an engine has sent nothing for `limit_s` (hung, or stuck in one forward), else
+    QUEUED_FACTOR x `limit_s` (a request waiting its turn, or one lost)."""
+    silent = any(now - t > limit_s for t in heard.values())
+    wait = limit_s if silent else QUEUED_FACTOR * limit_s
+    return wait, [g for g in gens if not g.complete and now - g.progress_at > wait]

@@ -54,7 +54,7 @@ from trd.protocol import (
 )
 from trd.remote.link import EXIT_LINK_LOST, link_process
 from trd.remote.spec import RemoteSpec
-from trd.supervisor.generation import Generation
+from trd.supervisor.generation import Generation, stalled_requests
 
 log = logging.getLogger("trd.group")
 
@@ -81,6 +81,8 @@ class EngineGroup:
         self.gens: dict[int, Generation] = {}
         self.dead: dict[int, str] = {}
         self.stats: dict[int, dict[str, Any]] = {}  # latest Stats body per engine
+        # When each engine last sent Stats (at least every 0.5 s, and after every step).
+        self.heard: dict[int, float] = {}
         # Request ids: a random high half per group, so ids never repeat across restarts
         # and a log line's id names one request of one daemon.
         self._rid_base = secrets.randbits(31) << 32
@@ -125,6 +127,7 @@ class EngineGroup:
                         who = describe(self.specs[msg.model])
                         raise EngineStartError(f"{who} failed to start: {msg.error}")
                     self.ready[msg.model] = msg
+                    self.heard[msg.model] = time.monotonic()
             for spec, proc in zip(self.specs, self.procs, strict=True):
                 if spec.index not in self.ready and proc.exitcode is not None:
                     raise EngineStartError(
@@ -176,12 +179,10 @@ class EngineGroup:
         return self.gens.pop(rid, None)
 
     def fail_stalled(self, limit_s: float) -> list[Generation]:
-        """Fail the requests no engine has reported on for `limit_s` seconds."""
-        now = time.monotonic()
-        gens = self.gens.values()
-        stalled = [g for g in gens if not g.complete and now - g.progress_at > limit_s]
+        """Fail the requests `stalled` finds (504)."""
+        wait, stalled = stalled_requests(self.gens.values(), self.heard, time.monotonic(), limit_s)
         for gen in stalled:
-            gen.fail(f"no progress from the engines for {limit_s:.0f} s", status=504)
+            gen.fail(f"no progress from the engines for {wait:.0f} s", status=504)
             self.abort(gen.rid)
         return stalled
 
@@ -242,6 +243,7 @@ class EngineGroup:
             if gen is not None:
                 (gen.on_emit if isinstance(msg, Emit) else gen.on_done)(msg)  # type: ignore[arg-type]
         elif isinstance(msg, Stats):
+            self.heard[msg.model] = time.monotonic()
             try:
                 self.stats[msg.model] = json.loads(msg.body)
             except json.JSONDecodeError as exc:
