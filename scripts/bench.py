@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from benchkit.agent import scaled_shape
-from benchkit.agent_run import AgentBench, agent_table
+from benchkit.agent_run import SYSTEMS, AgentBench, agent_table
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
 from benchkit.runner import Bench
@@ -65,6 +65,11 @@ def main() -> None:
     ap.add_argument("--agent-turns", type=int, help="agent: turns per conversation (a smaller run)")
     ap.add_argument("--agent-answer", type=int, help="agent: max_tokens of every turn")
     ap.add_argument(
+        "--agent-systems",
+        default=",".join(SYSTEMS),
+        help="agent: the systems to run (the first is the reference the others must equal)",
+    )
+    ap.add_argument(
         "--agent-per-worker", type=int, default=2,
         help="agent: conversations each of the N workers runs, one after the other",
     )  # fmt: skip
@@ -78,7 +83,9 @@ def main() -> None:
     if args.agent:
         shape = scaled_shape(pair.name, args.agent_turns, args.agent_answer)
         agent = asyncio.run(
-            AgentBench(pair, tau, logs, tuple(args.agent_n), shape, args.agent_per_worker).run_all()
+            AgentBench(pair, tau, logs, tuple(args.agent_n), shape, args.agent_per_worker).run_all(
+                args.agent_systems.split(",")
+            )
         )
         args.out.write_text(json.dumps(agent, indent=1))
         print("\n".join(agent_table(agent)))

@@ -124,6 +124,9 @@ def daemon_config(
         "policy": {"name": "rstitch", "threshold": tau},
         "engine": {"threads": THREADS, "max_batch_tokens": 2048, **engine},
         "shutdown": {"grace_s": 5},
+        # One step of the 1.5B in float32 on one thread (a 2,048-token prefill chunk) can
+        # outlast the 120 s default, which then reads the engine as hung.
+        "stall_timeout_s": 3600,
     }
 
 
