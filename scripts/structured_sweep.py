@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hevalkit.systems import base_config
+from hevalkit.systems import HEADS, base_config
 
 from benchkit.systems import free_port, start_daemon
 
@@ -44,7 +44,7 @@ def config(base: dict[str, Any], policy: str, heads: Path | None) -> dict[str, A
     cfg |= {"listen": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}"}
     cfg["engine"] = {"threads": 1, "threads_alone": 2}
     cfg["policy"] = dict(POLICIES[policy][0])
-    if policy in ("r2r", "citer", "collm"):
+    if policy in HEADS:
         if heads is None:
             raise SystemExit(f"{policy} needs --heads (tokenrouterd train-router)")
         cfg["policy"]["head"] = str(heads / f"{policy}.safetensors")

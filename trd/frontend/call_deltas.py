@@ -22,54 +22,68 @@ def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def required_calls(text: str) -> list[tuple[str | None, str]]:
-    """The calls in a (possibly unfinished) "required" array: each one's name (None until
-    its string is closed) and its "parameters" value's text so far (a prefix of the
-    whole value's text while it is being written)."""
-    calls: list[list[Any]] = []  # per call: [name, parameters' start, parameters' end]
-    depth, in_str, escaped, start, key, expect_key = 0, False, False, 0, "", True
+class RequiredScan:
+    """The calls in a (possibly unfinished) "required" array, read as it grows: `calls`
+    gives each one's name (None until its string is closed) and its "parameters" value's
+    text so far (a prefix of the whole value's text while it is being written). Each
+    character is read once, however often the text is given again."""
 
-    def ends_here(i: int) -> None:  # a value of the call's "parameters" ends before i
-        if key == "parameters" and calls[-1][1] is not None and calls[-1][2] is None:
-            calls[-1][2] = i
+    def __init__(self) -> None:
+        self.calls: list[list[Any]] = []  # per call: [name, parameters' start, its end]
+        self.pos, self.depth, self.start, self.key = 0, 0, 0, ""
+        self.in_str = self.escaped = False
+        self.expect_key = True
 
-    for i, ch in enumerate(text):
-        if in_str:
-            if escaped:
-                escaped = False
+    def calls_in(self, text: str) -> list[tuple[str | None, str]]:
+        """`text` extends the text given before."""
+        for i in range(self.pos, len(text)):
+            self._read(text, i)
+        self.pos = len(text)
+        return [(name, "" if begin is None else text[begin:end])
+                for name, begin, end in self.calls]  # fmt: skip
+
+    def _ends_here(self, i: int) -> None:  # a value of the call's "parameters" ends before i
+        call = self.calls[-1]
+        if self.key == "parameters" and call[1] is not None and call[2] is None:
+            call[2] = i
+
+    def _read(self, text: str, i: int) -> None:
+        ch = text[i]
+        if self.in_str:
+            if self.escaped:
+                self.escaped = False
             elif ch == "\\":
-                escaped = True
+                self.escaped = True
             elif ch == '"':
-                in_str = False
-                if depth == 2 and expect_key:
-                    key = json.loads(text[start : i + 1])
-                elif depth == 2 and key == "name":
-                    calls[-1][0] = json.loads(text[start : i + 1])
-                elif depth == 2:
-                    ends_here(i + 1)
-            continue
-        opens_value = depth == 2 and not expect_key and key == "parameters"
-        if opens_value and calls[-1][1] is None and not ch.isspace():
-            calls[-1][1] = i  # an object, array, string, number, true, false or null
+                self.in_str = False
+                if self.depth == 2 and self.expect_key:
+                    self.key = json.loads(text[self.start : i + 1])
+                elif self.depth == 2 and self.key == "name":
+                    self.calls[-1][0] = json.loads(text[self.start : i + 1])
+                elif self.depth == 2:
+                    self._ends_here(i + 1)
+            return
+        opens_value = self.depth == 2 and not self.expect_key and self.key == "parameters"
+        if opens_value and self.calls[-1][1] is None and not ch.isspace():
+            self.calls[-1][1] = i  # an object, array, string, number, true, false or null
         if ch == '"':
-            in_str, start = True, i
+            self.in_str, self.start = True, i
         elif ch in "{[":
-            depth += 1
-            if depth == 2:
-                calls.append([None, None, None])
-                expect_key = True
+            self.depth += 1
+            if self.depth == 2:
+                self.calls.append([None, None, None])
+                self.expect_key = True
         elif ch in "}]":
-            if depth == 3:
-                ends_here(i + 1)
-            elif depth == 2:
-                ends_here(i)
-            depth -= 1
-        elif depth == 2 and ch == ":":
-            expect_key = False
-        elif depth == 2 and ch == ",":
-            ends_here(i)
-            expect_key = True
-    return [(name, "" if begin is None else text[begin:end]) for name, begin, end in calls]
+            if self.depth == 3:
+                self._ends_here(i + 1)
+            elif self.depth == 2:
+                self._ends_here(i)
+            self.depth -= 1
+        elif self.depth == 2 and ch == ":":
+            self.expect_key = False
+        elif self.depth == 2 and ch == ",":
+            self._ends_here(i)
+            self.expect_key = True
 
 
 class CallDeltas:
@@ -78,11 +92,13 @@ class CallDeltas:
 
     def __init__(self, choice: str, name: str = "") -> None:
         self.choice, self.name = choice, name
+        self.scan = RequiredScan()
         self.ids: list[str] = []
         self.sent: list[int] = []  # per call: characters of its arguments sent
 
     def feed(self, text: str) -> list[dict[str, Any]]:
-        found = [(self.name, text)] if self.choice == "named" else required_calls(text)
+        """`text` extends the text given before."""
+        found = [(self.name, text)] if self.choice == "named" else self.scan.calls_in(text)
         out: list[dict[str, Any]] = []
         for i, (name, args) in enumerate(found):
             if name is None:
