@@ -8,13 +8,19 @@ the routing and e2e tests).
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
+import os
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from trd.engines.spec import EngineSpec
 from trd.protocol import Emit, FinishReason, SamplingParams
-from trd.supervisor.generation import Generation, stalled_requests
+from trd.supervisor.generation import Generation, cpu_ticks, stalled_requests
+from trd.supervisor.group import EngineGroup
 from trd.supervisor.hub import Hub, Unavailable
 
 
@@ -144,3 +150,35 @@ def test_a_request_queued_behind_working_engines_is_not_a_stall() -> None:
     assert stalled_requests(gens, {0: 1299.0, 1: 1299.5}, 1300.0, 120.0) == (1200.0, [waiting])
     waiting.progress_at = 250.0  # it moved since: nothing to fail, whoever is silent
     assert stalled_requests(gens, {0: 299.0, 1: 0.0}, 300.0, 120.0) == (120.0, [])
+
+
+def spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_an_engine_that_spends_cpu_counts_as_heard(tiny_models: dict[str, Path]) -> None:
+    """One forward may outlast the stall limit on a CPU: an engine whose CPU time grows
+    is working, not hung; one that is stopped or blocked (no CPU time) stays silent."""
+    assert cpu_ticks(2**22 + 7) is None  # above any pid_max: no such process
+    ticks = cpu_ticks(os.getpid())
+    assert ticks is not None and ticks > 0
+    specs = [EngineSpec.of(tiny_models[n], index=i) for i, n in enumerate(("small", "large"))]
+    group = EngineGroup(specs)
+    ctx = mp.get_context("fork")
+    group.procs = [ctx.Process(target=spin, args=(30.0,)),
+                   ctx.Process(target=time.sleep, args=(30.0,))]  # fmt: skip
+    for proc in group.procs:
+        proc.start()
+    try:
+        time.sleep(0.5)  # both children are past their start-up
+        group._hear_working(1.0)  # the first look only sets the baseline
+        assert group.heard == {}
+        time.sleep(1.0)
+        group._hear_working(2.0)
+        assert group.heard == {0: 2.0}  # the sleeper spent no CPU time
+    finally:
+        for proc in group.procs:
+            proc.kill()
+            proc.join()

@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -149,11 +150,22 @@ class Generation:
 QUEUED_FACTOR = 10
 
 
+def cpu_ticks(pid: int) -> int | None:
+    """The CPU time (user + system, all threads) a process has used, in clock ticks;
+    None where /proc does not tell (the process is gone, or this is not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+
+
 def stalled_requests(
     gens: Iterable[Generation], heard: dict[int, float], now: float, limit_s: float
 ) -> tuple[float, list[Generation]]:
     """(the wait that applies, the requests without progress for that long): `limit_s`
-    while an engine has sent nothing for `limit_s` (hung, or stuck in one forward), else
+    while an engine has not been heard from for `limit_s` (hung or stopped), else
     QUEUED_FACTOR x `limit_s` (a request waiting its turn, or one lost)."""
     silent = any(now - t > limit_s for t in heard.values())
     wait = limit_s if silent else QUEUED_FACTOR * limit_s

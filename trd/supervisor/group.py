@@ -54,7 +54,7 @@ from trd.protocol import (
 )
 from trd.remote.link import EXIT_LINK_LOST, link_process
 from trd.remote.spec import RemoteSpec
-from trd.supervisor.generation import Generation, stalled_requests
+from trd.supervisor.generation import Generation, cpu_ticks, stalled_requests
 
 log = logging.getLogger("trd.group")
 
@@ -81,8 +81,11 @@ class EngineGroup:
         self.gens: dict[int, Generation] = {}
         self.dead: dict[int, str] = {}
         self.stats: dict[int, dict[str, Any]] = {}  # latest Stats body per engine
-        # When each engine last sent Stats (at least every 0.5 s, and after every step).
+        # When each engine was last heard from: its Stats (at least every 0.5 s, and after
+        # every step), or, for a local engine, CPU time spent since the last look (one
+        # forward may outlast the stall limit on a CPU; a stopped or blocked one spends none).
         self.heard: dict[int, float] = {}
+        self._ticks: dict[int, int] = {}
         # Request ids: a random high half per group, so ids never repeat across restarts
         # and a log line's id names one request of one daemon.
         self._rid_base = secrets.randbits(31) << 32
@@ -180,11 +183,24 @@ class EngineGroup:
 
     def fail_stalled(self, limit_s: float) -> list[Generation]:
         """Fail the requests `stalled` finds (504)."""
-        wait, stalled = stalled_requests(self.gens.values(), self.heard, time.monotonic(), limit_s)
+        now = time.monotonic()
+        self._hear_working(now)
+        wait, stalled = stalled_requests(self.gens.values(), self.heard, now, limit_s)
         for gen in stalled:
             gen.fail(f"no progress from the engines for {wait:.0f} s", status=504)
             self.abort(gen.rid)
         return stalled
+
+    def _hear_working(self, now: float) -> None:
+        """Count a local engine as heard from when it spent CPU time since the last look."""
+        for spec, proc in zip(self.specs, self.procs, strict=True):
+            if isinstance(spec, RemoteSpec) or proc.pid is None:
+                continue
+            ticks = cpu_ticks(proc.pid)
+            if ticks is not None and ticks != self._ticks.get(spec.index, ticks):
+                self.heard[spec.index] = now
+            if ticks is not None:
+                self._ticks[spec.index] = ticks
 
     def set_active(self, n: int) -> None:
         """Publish the number of active requests (indexes the batching thresholds)."""
