@@ -6,6 +6,8 @@ fresh checkout, so a run that collects such tests starts importing it at once in
 background process and runs those tests last: the import uses the core the other tests
 leave idle, and `ensure_demo_pair` in their fixtures waits on each model's lock until it
 is done (or imports in the foreground, with its real error, if the background one failed).
+Commands that tests only read the result of (mypy, the GPU check's dry run) start at
+collection the same way: tests/background.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pytest
 import torch
 
 from trd.testing.tinymodels.build import ensure_models
+
+import background
 
 if TYPE_CHECKING:
     from trd.frontend.tokens import PromptEncoder
@@ -37,13 +41,20 @@ BUILD_NICENESS = 19
 _build: subprocess.Popen[bytes] | None = None
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: only what will run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the demo-pair tests last, and start building their pair now."""
+    """Start the collected tests' background commands and run their tests late (the runs
+    have the longest time to finish); run the demo-pair tests last, and start building
+    their pair now."""
     global _build
+    late = [item for item in items if item.get_closest_marker("background")]
     demo = [item for item in items if item.get_closest_marker("demo_pair")]
-    if not demo or config.option.collectonly:
+    items[:] = [item for item in items if item not in late and item not in demo] + late + demo
+    if config.option.collectonly:
         return
-    items[:] = [item for item in items if item not in demo] + demo
+    background.start_collected(late)
+    if not demo:
+        return
     # SIGTERM (pytest_sessionfinish) exits through the build's cleanup: killed outright,
     # it left its temp folder with a 721 MB partial GGUF in the cache.
     code = (
@@ -63,12 +74,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if _build is not None and _build.poll() is None:
         _build.terminate()
         _build.wait()
+    background.stop_all()
+
+
+@pytest.fixture
+def finished(request: pytest.FixtureRequest) -> background.Finished:
+    """The test's background command (`@pytest.mark.background`), run to its end."""
+    return background.finished(request.node)
 
 
 @pytest.fixture(scope="session")
 def tiny_models() -> dict[str, Path]:
     """{"small", "mid", "large"}: trained Qwen3 checkpoint folders sharing one tokenizer."""
-    return ensure_models(CACHE_DIR)
+    models = ensure_models(CACHE_DIR)
+    background.start_after_models()
+    return models
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
 
+import background
 from benchkit.identity import digest_ids, digest_output, identity
 from benchkit.pairs import load_pair
 from benchkit.plan import PLANS
@@ -43,16 +42,23 @@ CACHE_DIR = REPO_ROOT / ".cache"  # the fixtures' cache (tests/conftest.py)
 Data = dict[str, Any]
 
 
+def smoke_run(work: Path) -> tuple[list[str], dict[str, str]]:
+    argv = ["--plan", "smoke", "--pair", "tiny", "--cache-dir", str(CACHE_DIR)]
+    argv += ["--out", str(work / "smoke.json")]
+    return [sys.executable, str(REPO_ROOT / "scripts/bench.py"), *argv], {
+        "PYTHONPATH": str(REPO_ROOT)
+    }
+
+
+# Run from the fixture models' build on, beside the other tests (tests/background.py).
+pytestmark = pytest.mark.background.with_args(smoke_run, after_models=True)
+
+
 @pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Data:
-    out = tmp_path_factory.mktemp("bench") / "smoke.json"
-    argv = ["--plan", "smoke", "--pair", "tiny", "--cache-dir", str(CACHE_DIR), "--out", str(out)]
-    run = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "scripts/bench.py"), *argv], capture_output=True,
-        text=True, timeout=400, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )  # fmt: skip
+def result(request: pytest.FixtureRequest, tiny_models: dict[str, Path]) -> Data:
+    run = background.finished(request.node, timeout=400)
     assert run.returncode == 0, run.stderr[-4000:]
-    data: Data = json.loads(out.read_text())
+    data: Data = json.loads((run.work / "smoke.json").read_text())
     return data
 
 

@@ -25,14 +25,24 @@ from trd.engines.attention.torch_paged import TorchPagedAttention
 from trd.engines.graphs import StepGraphs, pool_bytes
 from trd.testing.wiring import Wiring
 
+from background import Finished
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+def check_command(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    env = {"PYTHON": sys.executable, "GPU_CHECK_WORK": str(tmp_path / "work")}
+    return ["bash", str(REPO / "scripts" / "gpu_check.sh"), *args, str(tmp_path / "out")], env
+
+
 def run_check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WORK": str(tmp_path / "work")}
-    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args,
-                           str(tmp_path / "out")], env=env, capture_output=True, text=True,
+    argv, env = check_command(tmp_path, *args)
+    return subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
                           timeout=900)  # fmt: skip
+
+
+def dry_run(work: Path) -> tuple[list[str], dict[str, str]]:
+    return check_command(work, "--dry-run")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
@@ -46,11 +56,13 @@ def test_the_check_stops_cleanly_without_a_cuda_device(tmp_path: Path) -> None:
     assert results["versions"]["torch"] == torch.__version__
 
 
-def test_the_dry_run_walks_every_stage_to_a_pass(tmp_path: Path) -> None:
-    """Every stage's code on the CPU: a Python error anywhere fails its stage and the run."""
-    done = run_check(tmp_path, "--dry-run")
+@pytest.mark.background.with_args(dry_run)
+def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
+    """Every stage's code on the CPU: a Python error anywhere fails its stage and the run.
+    (Run from collection on: tests/background.py.)"""
+    tmp_path = finished.work
     text = (tmp_path / "out" / "summary.txt").read_text()
-    assert done.returncode == 0, text + done.stderr[-3000:]
+    assert finished.returncode == 0, text + finished.stderr[-3000:]
     assert text.splitlines()[:2] == ["PASS: all 7 stages", "GPU check (dry run, CPU)"]
     results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert list(results) == list(STAGES)

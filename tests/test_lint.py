@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from background import Finished
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,12 +30,11 @@ def test_ruff_format_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_is_clean() -> None:
-    """The package, its tests and the scripts."""
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "trd", "tests", "scripts"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+def mypy(work: Path) -> tuple[list[str], dict[str, str]]:
+    return [sys.executable, "-m", "mypy", "trd", "tests", "scripts"], {}
+
+
+@pytest.mark.background.with_args(mypy)
+def test_mypy_is_clean(finished: Finished) -> None:
+    """The package, its tests and the scripts (run from collection on: tests/background.py)."""
+    assert finished.returncode == 0, finished.stdout + finished.stderr
