@@ -1,5 +1,5 @@
 """Commands that tests only read the result of, started early in a niced background
-process: mypy, the GPU check's dry run, the benchmark's smoke run. They use the core that
+process: mypy, the GPU check's dry run, the benchmark scripts' short runs. They use the core that
 the other tests leave idle (the suite averages about 1.3 of 2 cores), and their tests
 wait for them.
 

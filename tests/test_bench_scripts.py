@@ -11,17 +11,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from background import Finished
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def test_bench_routing_reports_every_row(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    out = tmp_path / "routing.json"
+def bench_routing(work: Path) -> tuple[list[str], dict[str, str]]:
     args = ["--n", "1", "--max-tokens", "24", "--tau", "0.8", "--ref-requests", "1"]
-    run = subprocess.run(
-        [sys.executable, str(SCRIPTS / "bench_routing.py"), *args, "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
+    args += ["--out", str(work / "routing.json")]
+    return [sys.executable, str(SCRIPTS / "bench_routing.py"), *args], {}
+
+
+# Run from the fixture models' build on, beside the other tests (tests/background.py).
+@pytest.mark.background.with_args(bench_routing, after_models=True)
+def test_bench_routing_reports_every_row(tiny_models: dict[str, Path], finished: Finished) -> None:
+    out = finished.work / "routing.json"
+    assert finished.returncode == 0, finished.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [(r["n"], r["max_tokens"]) for r in result["rows"]] == [(1, 24)]
     assert result["taus"] == {"24": 0.8}
@@ -30,7 +37,7 @@ def test_bench_routing_reports_every_row(tiny_models: dict[str, Path], tmp_path:
         assert 0.0 < row["large_fraction"] < 1.0
         assert row["handoffs_per_request"] > 0 and row["handoff_us_p50"] > 0
         assert row["tok_s"] > 0 and row["reference_tok_s"] > 0
-    assert "speedup" in run.stdout and f"wrote {out}" in run.stdout
+    assert "speedup" in finished.stdout and f"wrote {out}" in finished.stdout
 
 
 def test_share_run_samples_the_control_loop(tiny_models: dict[str, Path], tmp_path: Path) -> None:
