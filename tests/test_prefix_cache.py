@@ -98,7 +98,8 @@ def test_a_hit_refreshes_recency() -> None:
     run_request(cache, [*range(4), 0])  # block in page 0
     run_request(cache, [*range(100, 104), 0])  # block in page 2 (page 3 tail)
     run_request(cache, list(range(5)))  # hits page 0 again: now the newest release
-    assert cache.allocate(0, 3) == [1, 3, 2]  # empty pages first, then the LRU block (page 2)
+    # empty pages 1 and 3 and the LRU block's page 2 (evicted: empty), handed out as a run
+    assert cache.allocate(0, 3) == [1, 2, 3]
     assert cache.match(cache.block_keys(list(range(4)))) == [0]
 
 
@@ -114,8 +115,8 @@ def test_referenced_pages_are_never_evicted_and_the_budget_holds() -> None:
     cache.check_integrity(tables(held, [2]))
     assert cache.num_cached == 2  # nothing was evicted to serve the failed call
     cache.free(0, held)
-    assert cache.allocate(0, 2) == [1, 0]
-    cache.check_integrity(tables([2], [1, 0]))
+    assert cache.allocate(0, 2) == [0, 1]  # both evicted, then handed out as one run
+    cache.check_integrity(tables([2], [0, 1]))
     assert cache.num_cached == 0
 
 

@@ -98,7 +98,9 @@ def test_cached_pages_are_evicted_lru_tail_first_before_any_preemption() -> None
     b = req(1, list(range(100, 115)))  # 15 tokens + 1: four pages
     sched.add(b)
     assert run(sched) == [(1, 15)]
-    assert b.pages == [2, 3, 1, 0]  # empty pages, then a's tail block, then its head
+    # a's blocks are evicted (the pool has too few empty pages) and the four pages, all
+    # empty now, make one run: in LRU order they came back as [2, 3, 1, 0], gathered
+    assert b.pages == [0, 1, 2, 3]
     cache = cache_of(sched)
     assert (cache.counters.evictions, cache.num_cached, sched.preemptions) == (2, 0, 0)
 
@@ -115,7 +117,7 @@ def test_a_pending_requests_pages_are_not_evictable_and_a_newcomer_waits() -> No
     assert run(sched) == [] and b.pages == [] and sched.preemptions == 0
     sched.finish(a)  # back from the peer and done: its blocks become evictable
     assert run(sched) == [(1, 9)]
-    assert b.pages == [2, 3, 1]  # empty pages first, then the LRU block (a's tail)
+    assert b.pages == [1, 2, 3]  # the LRU block (a's tail) evicted, then one run
     assert cache.counters.evictions == 1 and cache.num_cached == 1
 
 

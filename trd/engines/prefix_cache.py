@@ -23,8 +23,9 @@ inserted once their KV is computed, and `free` at its end drops its references: 
 blocks stay cached. Empty pages are handed out as `PageAllocator` hands them out (a
 request's next page follows its last when free), so a table stays one contiguous run
 that the CPU attention reads without a copy. The cache lives inside the pool the memory
-plan sized: a cached page stays until an allocation finds no empty page, then the least
-recently released evictable page goes. Within one release the last block is queued
+plan sized: a cached page stays until an allocation finds too few empty pages, then the
+least recently released evictable pages go, and become empty pages (so the allocation
+still comes out as runs). Within one release the last block is queued
 first, so a prefix's tail is evicted before its head (vLLM frees a request's blocks in
 reverse for the same reason: a head block is shared by more prefixes).
 
@@ -110,20 +111,26 @@ class PrefixCache:
         return self._empty.num_free + len(self._lru)
 
     def allocate(self, rid: int, count: int, after: int | None = None) -> list[int]:
-        """`count` pages with one reference each: empty pages first (continuing the run
-        that ends at page `after` where they can), then LRU evictions. (`rid` is
-        PageAllocator's signature; pages here are owned by references, not by ids.)"""
+        """`count` pages with one reference each, from the empty pages (continuing the run
+        that ends at page `after` where they can); when too few are empty, the least
+        recently released blocks are evicted first and their pages become empty. (`rid`
+        is PageAllocator's signature; pages here are owned by references, not by ids.)
+
+        Evicted pages go through the empty allocator rather than straight into the page
+        table, so the table still comes out as runs: handed out in LRU order, a
+        request's pages came back in reverse (tail first), and every request that ran
+        once the pool was full of cached blocks had its KV gathered instead of viewed."""
         if count > self.num_free:
             raise OutOfPages(
                 f"asked for {count} pages, {self.num_free} free or evictable "
                 f"({self.num_pages - self.num_free} referenced)"
             )
-        pages = self._empty.allocate(IN_USE, min(count, self._empty.num_free), after)
-        while len(pages) < count:
+        while self._empty.num_free < count:
             page, _ = self._lru.popitem(last=False)
             del self._page_of[self._key_of.pop(page)]
             self.counters.evictions += 1
-            pages.append(page)
+            self._empty.free(IN_USE, [page])
+        pages = self._empty.allocate(IN_USE, count, after)
         for page in pages:
             self.refs[page] = 1
         return pages
