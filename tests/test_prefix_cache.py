@@ -93,6 +93,20 @@ def test_eviction_is_lru_by_release_and_tail_first_within_a_release() -> None:
     cache.check_integrity(tables([1], [0, 3]))
 
 
+def test_a_growing_request_evicts_the_block_after_its_run_first() -> None:
+    """With no empty page left, a request that grows takes the cached page right after
+    its last one, out of LRU order: its table stays one run, read without a copy."""
+    cache = PrefixCache(num_pages=4, page_size=PS)
+    run_request(cache, list(range(8)))  # pages 0, 1 cached (the oldest release)
+    run_request(cache, list(range(100, 108)))  # pages 2, 3 cached
+    grower = cache.allocate(0, 2)  # evicts the two oldest blocks: pages 0 and 1
+    assert grower == [0, 1] and cache.counters.evictions == 2
+    assert cache.allocate(0, 1, after=grower[-1]) == [2]  # not page 3, b's tail (older)
+    assert cache.match(cache.block_keys(list(range(100, 108)))) == []  # b's head is gone
+    assert cache.num_evictable == 1 and cache.counters.evictions == 3
+    cache.check_integrity(tables([0, 1, 2]))
+
+
 def test_a_hit_refreshes_recency() -> None:
     cache = PrefixCache(num_pages=4, page_size=PS)
     run_request(cache, [*range(4), 0])  # block in page 0

@@ -37,6 +37,9 @@ class PageAllocator:
     def num_free(self) -> int:
         return self._num_free
 
+    def is_free(self, page: int) -> bool:
+        return self._state[page] == _FREE
+
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
 

@@ -23,9 +23,10 @@ inserted once their KV is computed, and `free` at its end drops its references: 
 blocks stay cached. Empty pages are handed out as `PageAllocator` hands them out (a
 request's next page follows its last when free), so a table stays one contiguous run
 that the CPU attention reads without a copy. The cache lives inside the pool the memory
-plan sized: a cached page stays until an allocation finds too few empty pages, then the
-least recently released evictable pages go, and become empty pages (so the allocation
-still comes out as runs). Within one release the last block is queued
+plan sized: a cached page stays until an allocation finds too few empty pages, then
+evictable pages go and become empty pages, so the allocation still comes out as runs:
+first those that continue the requester's run (a growing request keeps one contiguous
+table), then the least recently released. Within one release the last block is queued
 first, so a prefix's tail is evicted before its head (vLLM frees a request's blocks in
 reverse for the same reason: a head block is shared by more prefixes).
 
@@ -112,8 +113,9 @@ class PrefixCache:
 
     def allocate(self, rid: int, count: int, after: int | None = None) -> list[int]:
         """`count` pages with one reference each, from the empty pages (continuing the run
-        that ends at page `after` where they can); when too few are empty, the least
-        recently released blocks are evicted first and their pages become empty. (`rid`
+        that ends at page `after` where they can); when too few are empty, cached blocks
+        are evicted and their pages become empty: those that continue the run, then the
+        least recently released. (`rid`
         is PageAllocator's signature; pages here are owned by references, not by ids.)
 
         Evicted pages go through the empty allocator rather than straight into the page
@@ -125,15 +127,28 @@ class PrefixCache:
                 f"asked for {count} pages, {self.num_free} free or evictable "
                 f"({self.num_pages - self.num_free} referenced)"
             )
+        # Eviction is due: the cached blocks right after `after` go first, so the run
+        # goes on (a table read as one view is worth more than the oldest blocks kept).
+        page = -1 if after is None else after + 1
+        while self._empty.num_free < count and 0 <= page < self.num_pages:
+            if page in self._lru:
+                self._evict(page)
+            elif not self._empty.is_free(page):
+                break
+            page += 1
         while self._empty.num_free < count:
-            page, _ = self._lru.popitem(last=False)
-            del self._page_of[self._key_of.pop(page)]
-            self.counters.evictions += 1
-            self._empty.free(IN_USE, [page])
+            self._evict(next(iter(self._lru)))
         pages = self._empty.allocate(IN_USE, count, after)
         for page in pages:
             self.refs[page] = 1
         return pages
+
+    def _evict(self, page: int) -> None:
+        """Drop the block cached in an evictable page; the page becomes empty."""
+        del self._lru[page]
+        del self._page_of[self._key_of.pop(page)]
+        self.counters.evictions += 1
+        self._empty.free(IN_USE, [page])
 
     def insert(self, keys: Sequence[BlockKey], pages: Sequence[int]) -> int:
         """Cache block i in pages[i] for every i < len(keys); return how many are new.

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Does the prefix cache slow down a workload it cannot help? A paired A/B on one host.
+
+Two daemons on the same pair run side by side, one with `prefix_cache: false`. Each
+round sends 16 fresh short-workload prompts (no prompt is sent in two rounds) at N = 16
+to both, the order alternating between rounds; the first round is a warm-up. Printed:
+each round's tokens/s and on/off ratio, then the medians and ranges; `--out` keeps them
+as JSON. The ratio's spread across rounds is the noise the median is judged against.
+
+    .venv/bin/python scripts/prefix_cache_ab.py --pair tiny --rounds 16 --out ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from benchkit.client import OpenAIClient
+from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
+from benchkit.systems import Daemon, daemon_config, start_daemon
+from benchkit.workloads import prompts
+
+N = 16
+KV_TOKENS = N * 1400  # room for about four rounds: the pool fills with cached blocks
+CONTEXT = 1024
+
+
+async def once(session: aiohttp.ClientSession, url: str, jobs: list[list[int]], n: int) -> float:
+    send = OpenAIClient(session, url, "small+large").send
+    started = time.perf_counter()
+    records = await asyncio.gather(*(send(p, n) for p in jobs))
+    return sum(r.output_tokens for r in records) / (time.perf_counter() - started)
+
+
+async def rounds(
+    urls: dict[str, str], pool: list[list[int]], count: int, n: int
+) -> list[dict[str, Any]]:
+    out = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        for r in range(count + 1):
+            jobs = pool[N * r : N * (r + 1)]
+            order = ("on", "off") if r % 2 else ("off", "on")
+            rate = {name: await once(session, urls[name], jobs, n) for name in order}
+            if r == 0:
+                continue  # warm-up
+            row = {"round": r, "first": order[0], **rate, "ratio": rate["on"] / rate["off"]}
+            print(f"round {r:2}: on {rate['on']:7.1f}  off {rate['off']:7.1f} tok/s  "
+                  f"on/off {row['ratio']:.3f}", flush=True)  # fmt: skip
+            out.append(row)
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def spread(key: str) -> dict[str, float]:
+        values = [r[key] for r in rows]
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    return {
+        **{k: spread(k) for k in ("on", "off", "ratio")},
+        "on_faster": sum(r["on"] > r["off"] for r in rows),
+        "rounds": len(rows),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--pair", choices=PAIRS, default="tiny")
+    ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    pair = load_pair(args.pair)
+    work = pair.workloads["short"]
+    pool = prompts(pair.models["small"], work, N * (args.rounds + 1))
+    random.Random(7).shuffle(pool)
+    logs = Path(tempfile.mkdtemp(prefix="prefix-cache-ab-"))
+    daemons: dict[str, Daemon] = {}
+    try:
+        for name, engine in (("on", {}), ("off", {"prefix_cache": False})):
+            cfg = daemon_config(pair.models, DEFAULT_TAU[args.pair], engine, KV_TOKENS, CONTEXT)
+            print(f"starting the cache-{name} daemon (logs in {logs})", flush=True)
+            daemons[name] = start_daemon(f"cache_{name}", cfg, logs)
+        urls = {name: d.server.url for name, d in daemons.items()}
+        rows = asyncio.run(rounds(urls, pool, args.rounds, work.max_tokens))
+    finally:
+        for d in daemons.values():
+            d.server.stop()
+    result = {"pair": args.pair, "n": N, "max_tokens": work.max_tokens, "rows": rows,
+              "summary": summary(rows)}  # fmt: skip
+    s, ratio = result["summary"], result["summary"]["ratio"]
+    print(f"on/off median {ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]; "
+          f"cache on faster in {s['on_faster']} of {s['rounds']} rounds")  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
