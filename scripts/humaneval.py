@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from hevalkit import generate, problems, report, sandbox, stats, systems
+
+SAVE_EVERY = 8  # problems scored between two writes of the runs' files
 
 EXEC_WORKERS = 4
 
@@ -134,21 +137,33 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_score(args: argparse.Namespace) -> None:
-    """Each completion's mean NLL under the large model, written into OUT/<system>.json."""
+    """Each completion's mean NLL under the large model, written into OUT/<system>.json,
+    problem by problem (the systems' completions of a problem share its prompt's KV);
+    the files are rewritten every SAVE_EVERY problems, so a run cut off keeps its work."""
     from hevalkit.nll import Scorer  # torch and transformers only here
 
+    paths = [p for p in sorted(args.out.glob("*.json")) if not p.name.endswith(".answers.json")]
+    runs = {path: json.loads(path.read_text()) for path in paths}
+    todo: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    for run in runs.values():
+        for answer in run["answers"]:
+            if "nll" not in answer:
+                todo.setdefault(answer["task_id"], []).append((answer, run["prompt"]))
+    print(f"{sum(map(len, todo.values()))} completions of {len(todo)} problems to score "
+          f"({len(runs)} systems)", flush=True)  # fmt: skip
+    if not todo:
+        return
     by_id = {p.task_id: p for p in problems.load_problems()}
     scorer = Scorer(args.large)
-    for path in sorted(args.out.glob("*.json")):
-        if path.name.endswith(".answers.json"):
-            continue
-        run = json.loads(path.read_text())
-        todo = [a for a in run["answers"] if "nll" not in a]
-        for answer in todo:
-            problem = by_id[answer["task_id"]]
-            answer["nll"] = scorer.nll(problem, answer["completion"], run["prompt"])
-        path.write_text(json.dumps(run, indent=1))
-        print(f"{run['system']}: {len(todo)} completions scored", flush=True)
+    started = time.perf_counter()
+    for done, (task_id, answers) in enumerate(sorted(todo.items()), 1):
+        for answer, style in answers:
+            answer["nll"] = scorer.nll(by_id[task_id], answer["completion"], style)
+        if done % SAVE_EVERY == 0 or done == len(todo):
+            for path, run in runs.items():
+                path.write_text(json.dumps(run, indent=1))
+            print(f"  {done}/{len(todo)} problems scored, {time.perf_counter() - started:.0f} s",
+                  flush=True)  # fmt: skip
 
 
 def main() -> None:

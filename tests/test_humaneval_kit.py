@@ -1,6 +1,6 @@
 """scripts/hevalkit: the sandbox that runs untrusted completions, the prompts and the program
-built from a completion, the large share read from the daemon's responses, and the pass@1 /
-paired bootstrap arithmetic (exact expectations)."""
+built from a completion, the large share read from the daemon's responses, the pass@1 /
+paired bootstrap arithmetic (exact expectations), and the NLL scorer against one forward."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 import humaneval
 import pytest
+import torch
 from hevalkit import generate, problems, report, sandbox, stats
 from hevalkit.generate import Answer
+from hevalkit.nll import Scorer
 from openai.types.chat import ChatCompletion
 
 from trd.frontend.responses import Usage
@@ -268,3 +270,20 @@ def test_run_with_failed_requests_is_not_judged(
     result = humaneval.run_system("large", "url", probs, args, extra)
     assert asked == [["T/0", "T/1"], ["T/1"]] and result is not None
     assert (result["pass_at_1"], result["large_share"], result["tokens_mean"]) == (1.0, 1.0, 4.0)
+
+
+def test_nll_reuses_the_prompt_kv_and_equals_one_forward(tiny_models: dict[str, Path]) -> None:
+    """`score`'s NLL: the prompt's KV computed once per problem, then each completion on
+    a copy of it, gives one full forward's value (float64), and an empty completion NaN."""
+    scorer = Scorer(tiny_models["large"], dtype=torch.float64)
+    problem = problems.load_problems(1)[0]
+    prompt = scorer.prompt_ids(problem, "body")
+    for completion in ("    return numbers\n", "    out = []\n    return out\n"):
+        target = scorer.tokenizer(completion, add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            logits = scorer.model(input_ids=torch.tensor([prompt + target])).logits[0].float()
+        logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+        want = float(-logp.gather(1, torch.tensor(target)[:, None]).mean())
+        assert scorer.nll(problem, completion) == pytest.approx(want, rel=1e-6)
+    assert scorer._last_prompt is not None and scorer._last_prompt[0][0] == problem.task_id
+    assert scorer.nll(problem, "") != scorer.nll(problem, "")  # NaN

@@ -2,16 +2,19 @@
 
 The large model (transformers, in this process, bfloat16 by default) reads the prompt
 exactly as the daemon rendered it (the tokenizer's chat template with the assistant turn
-continued) followed by the completion's tokens, in one forward; the mean is over the
-completion's tokens. The completion is re-tokenized from its text (the tokens the
-daemon sampled are not returned), so it scores the text the user gets. A completion
-already scored (the same problem and text in another system) is not scored again.
+continued) followed by the completion's tokens; the mean is over the completion's
+tokens. The prompt's KV is computed once per problem and reused for every system's
+completion of it. The completion is re-tokenized from its text (the tokens the daemon
+sampled are not returned), so it scores the text the user gets. A completion already
+scored (the same problem and text in another system) is not scored again.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,6 +29,7 @@ class Scorer:
         self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         self.model.eval()
         self.cache: dict[tuple[str, str, str], float] = {}
+        self._last_prompt: tuple[tuple[str, str], torch.Tensor, Any] | None = None
 
     def prompt_ids(self, problem: Problem, style: str) -> list[int]:
         text = self.tokenizer.apply_chat_template(
@@ -45,12 +49,26 @@ class Scorer:
         target = self.tokenizer(completion, add_special_tokens=False)["input_ids"]
         if not target:
             return math.nan
-        prompt = self.prompt_ids(problem, style)
-        ids = torch.tensor([prompt + target])
-        hidden = self.model.model(input_ids=ids).last_hidden_state[0, len(prompt) - 1 : -1]
-        logits = self.model.lm_head(hidden).float()  # only the completion's positions
+        last, kv = self._prompt(problem, style)
+        # The prompt's KV is computed once per problem (the systems' completions of one
+        # problem share it, a prompt being 3-4 times a completion's length); a copy per
+        # completion, since the forward extends the cache it is given.
+        ids = torch.tensor([target])
+        out = self.model.model(input_ids=ids, cache=copy.deepcopy(kv), use_cache=True)
+        hidden = torch.cat([last, out.last_hidden_state[0, :-1]])  # the positions before each
+        logits = self.model.lm_head(hidden).float()
         logp = torch.log_softmax(logits, dim=-1)
         picked = logp.gather(1, torch.tensor(target).unsqueeze(1)).squeeze(1)
         value = float(-picked.mean())
         self.cache[key] = value
         return value
+
+    def _prompt(self, problem: Problem, style: str) -> tuple[torch.Tensor, Any]:
+        """(the last prompt position's hidden state, (1, H); the prompt's KV), kept for
+        the last problem asked."""
+        key = (problem.task_id, style)
+        if self._last_prompt is None or self._last_prompt[0] != key:
+            ids = torch.tensor([self.prompt_ids(problem, style)])
+            out = self.model.model(input_ids=ids, use_cache=True)
+            self._last_prompt = (key, out.last_hidden_state[0, -1:], out.cache)
+        return self._last_prompt[1], self._last_prompt[2]
