@@ -6,8 +6,8 @@ fresh checkout, so a run that collects such tests starts importing it at once in
 background process and runs those tests last: the import uses the core the other tests
 leave idle, and `ensure_demo_pair` in their fixtures waits on each model's lock until it
 is done (or imports in the foreground, with its real error, if the background one failed).
-Commands that tests only read the result of (mypy, the GPU check's dry run) start at
-collection the same way: tests/background.py.
+Commands that tests only read the result of (mypy, the GPU check's dry run, the
+benchmark scripts' short runs) start early the same way: tests/background.py.
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ os.environ.setdefault("TRD_CACHE_DIR", str(CACHE_DIR))
 # One thread in the test process: next to the engine processes under test, OpenMP
 # threads spin against them on a 2-core machine and everything runs many times slower.
 torch.set_num_threads(1)
-# Lowest priority: the build may only slow the tests it runs beside by a little.
-BUILD_NICENESS = 19
 _build: subprocess.Popen[bytes] | None = None
 
 
@@ -65,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     with (CACHE_DIR / "demo-pair-build.log").open("wb") as log:
         _build = subprocess.Popen(
             [sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT,
-            cwd=REPO_ROOT, preexec_fn=lambda: os.nice(BUILD_NICENESS),
+            cwd=REPO_ROOT, preexec_fn=lambda: os.nice(background.NICENESS),
         )  # fmt: skip
 
 

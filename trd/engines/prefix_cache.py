@@ -115,13 +115,12 @@ class PrefixCache:
         """`count` pages with one reference each, from the empty pages (continuing the run
         that ends at page `after` where they can); when too few are empty, cached blocks
         are evicted and their pages become empty: those that continue the run, then the
-        least recently released. (`rid`
-        is PageAllocator's signature; pages here are owned by references, not by ids.)
+        least recently released. (`rid` is PageAllocator's signature; pages here are
+        owned by references, not by ids.)
 
         Evicted pages go through the empty allocator rather than straight into the page
-        table, so the table still comes out as runs: handed out in LRU order, a
-        request's pages came back in reverse (tail first), and every request that ran
-        once the pool was full of cached blocks had its KV gathered instead of viewed."""
+        table, so the table still comes out as runs (handed out in LRU order, a
+        request's pages came back tail first, and its KV was gathered, not viewed)."""
         if count > self.num_free:
             raise OutOfPages(
                 f"asked for {count} pages, {self.num_free} free or evictable "

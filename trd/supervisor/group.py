@@ -197,10 +197,11 @@ class EngineGroup:
             if isinstance(spec, RemoteSpec) or proc.pid is None:
                 continue
             ticks = cpu_ticks(proc.pid)
-            if ticks is not None and ticks != self._ticks.get(spec.index, ticks):
+            if ticks is None:
+                continue
+            if ticks != self._ticks.setdefault(spec.index, ticks):
                 self.heard[spec.index] = now
-            if ticks is not None:
-                self._ticks[spec.index] = ticks
+            self._ticks[spec.index] = ticks
 
     def set_active(self, n: int) -> None:
         """Publish the number of active requests (indexes the batching thresholds)."""
