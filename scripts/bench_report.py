@@ -19,7 +19,15 @@ from typing import Any
 from benchkit.identity import identity
 from benchkit.notes import notes
 from benchkit.plots import write_plots
-from benchkit.tables import ceiling_table, identity_table, profile_table, run_table, target_table
+from benchkit.tables import (
+    batching_table,
+    ceiling_table,
+    identity_table,
+    profile_table,
+    run_table,
+    step_cost_table,
+    target_table,
+)
 from benchkit.targets import target_rows
 
 BOUND = [
@@ -32,6 +40,16 @@ BOUND = [
     "forwards are in F_m and commit nothing.",
 ]
 
+BATCHING = [
+    "Before any system ran, each model's engine was stepped alone in the benchmark's",
+    "process (the daemon's engine code, dtype and threads): the median decode step at each",
+    "batch size below, and a prefill, whose cost beyond a one-row step is the cost per",
+    "extra token fed. A daemon run contributes only what it scheduled: the batch size of",
+    "each engine step and the tokens fed. Needed s = the sum over its steps of the",
+    "interpolated cost at that step's batch size, plus the extra tokens' cost; bound = the",
+    "busiest engine's (parallel) or the sum (shared); fraction = bound / wall. None of it",
+    "comes from the run's own timings (`scripts/benchkit/stepcost.py`).",
+]
 
 SYSTEMS = {  # what each system is (the code), shown for the systems a run has
     "tokenrouterd": "the daemon, OpenAI endpoint, streaming client asking for token ids.",
@@ -81,7 +99,7 @@ def setting(data: dict[str, Any]) -> list[str]:
 def pair_section(data: dict[str, Any], title: str) -> tuple[list[str], list[Any]]:
     runs = data["runs"]
     ident = identity(runs, data["reference"])
-    rows = target_rows(runs, ident, top(data))
+    rows = target_rows(runs, ident, top(data), data["pair"]["name"])
     lines = [f"## {title}", "", *setting(data), "", *target_table(rows), ""]
     return lines, rows
 
@@ -110,6 +128,14 @@ def render(data: dict[str, Any], out: Path, tiny: dict[str, Any] | None = None) 
         f"Bound here: {data['bound']['kind']} ({data['bound']['why']}).",
         "",
         *ceiling_table(runs),
+        "",
+        "## Batching bound",
+        "",
+        *BATCHING,
+        "",
+        *step_cost_table(data.get("step_costs", {})),
+        "",
+        *batching_table(runs),
         "",
         "## Standard serving: where a server's time goes",
         "",

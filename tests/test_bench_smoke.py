@@ -35,7 +35,8 @@ from benchkit.pairs import load_pair
 from benchkit.plan import PLANS
 from benchkit.plots import series_vs_n
 from benchkit.runner import Bench
-from benchkit.targets import FULL, Row, target_rows
+from benchkit.stepcost import BATCHES, batching_bound, step_ms
+from benchkit.targets import FULL, Row, official_on, target_rows
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache"  # the fixtures' cache (tests/conftest.py)
@@ -71,7 +72,8 @@ def run_of(data: Data, system: str, workload: str, n: int) -> Data:
 
 def rows_of(data: Data) -> dict[str, Row]:
     top = max(data["plan"]["ns"])
-    rows = target_rows(data["runs"], identity(data["runs"], data["reference"]), top)
+    ident = identity(data["runs"], data["reference"])
+    rows = target_rows(data["runs"], ident, top, data["pair"]["name"])
     return {r.name.split(",")[0]: r for r in rows}
 
 
@@ -161,7 +163,7 @@ def test_a_changed_output_fails_its_rows(result: Data) -> None:
     checked = run["requests"] * len(run["throughputs"])  # every repeat's requests
     rows = rows_of(changed)
     for name in (f"tokenrouterd N={top} / official", "throughput / forward-only ceiling",
-                 "no_delayed_batching / tokenrouterd"):  # fmt: skip
+                 "no_delayed_batching / tokenrouterd", "throughput / batching bound"):  # fmt: skip
         assert rows[name].verdict == "missed", name
         says = f"1 of {checked} requests differ from the reference, first at token 3"
         assert says in rows[name].why, rows[name].why
@@ -205,3 +207,78 @@ def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
     assert "ran 3 time(s)" in md2
     assert f"| {FULL} | short (chat ~61->{chat['max_tokens']}) | 1 |" in md2
     assert "repeats differed" in md and "repeats differed" not in md2
+
+
+def test_the_batching_bound_counts_the_runs_batches_at_calibrated_costs(result: Data) -> None:
+    costs = result["step_costs"]
+    assert set(costs) == {"small", "large"}
+    for c in costs.values():
+        assert [b for b, _ in c["decode_ms"]] == list(BATCHES)
+        assert all(ms > 0 for _, ms in c["decode_ms"]) and c["gamma_ms"] >= 0
+    for run in result["runs"]:
+        if run["system"] == "official" or run["system"] == "std":
+            assert "batching" not in run
+            continue
+        b, c = run["batching"], run["ceiling"]
+        for name, m in b["models"].items():  # the same steps as the engines' counters
+            assert (m["steps"], m["rows"]) == (
+                c["models"][name]["steps"],
+                c["models"][name]["rows"],
+            )
+            assert m["sampled_steps"] == m["steps"] and m["need_s"] > 0
+        assert b["bound_s"] == max(m["need_s"] for m in b["models"].values())
+        assert b["fraction"] == pytest.approx(b["bound_s"] / run["wall_s"])
+
+
+def test_the_batching_bound_is_the_cost_of_each_step() -> None:
+    points = [[1, 10.0], [2, 12.0], [4, 16.0]]
+    assert [step_ms(points, b) for b in (1, 3, 6)] == [10.0, 14.0, 20.0]  # 6: extended
+    costs = {"m": {"decode_ms": points, "gamma_ms": 0.5}}
+    window = [[9, 0.1], [1, 0.1], [3, 0.1], [6, 0.1]]  # the run's steps: the last three
+    before = {"m": {"steps": 7, "rows": 20, "tokens_fed": 30}}
+    after = {"m": {"steps": 10, "rows": 30, "tokens_fed": 50, "window": {"latency": window}}}
+    b = batching_bound(before, after, costs, wall=0.1, kind="parallel")
+    # 10 + 14 + 20 ms of decode steps, and 10 tokens fed beyond the rows at 0.5 ms.
+    assert b["models"]["m"]["need_s"] == pytest.approx(0.049)
+    assert b["fraction"] == pytest.approx(0.49)
+    before["m"]["steps"] = 4  # 6 steps, 4 in the window: scaled from the window's sizes
+    b = batching_bound(before, after, costs, wall=0.1, kind="parallel")
+    assert b["models"]["m"]["need_s"] == pytest.approx(1e-3 * ((26 + 10 + 14 + 20) * 6 / 4 + 5))
+
+
+def test_a_batching_bound_above_the_run_or_unmet_is_judged(result: Data) -> None:
+    top = max(PLANS["smoke"].ns)
+    judged = copy.deepcopy(result)
+    b = run_of(judged, "tokenrouterd", "short", top)["batching"]
+    b["fraction"] = 1.2
+    row = rows_of(judged)["throughput / batching bound"]
+    assert row.verdict == "not comparable" and "calibration ran slow" in row.why
+    b["fraction"] = 0.5
+    assert rows_of(judged)["throughput / batching bound"].verdict == "missed"
+    b["fraction"] = 0.9
+    assert rows_of(judged)["throughput / batching bound"].verdict == "met"
+
+
+def test_single_user_is_compared_with_the_loop_on_its_own_prompts(result: Data) -> None:
+    one = run_of(result, FULL, "short", 1)
+    ref = official_on(result["runs"], one)
+    assert ref is not None and ref["prompt_set"] == one["prompt_set"]
+    tokens = sum(r["output_tokens"] for r in ref["records"])
+    assert ref["throughput"] == tokens / sum(r["latency"] for r in ref["records"])
+    name = "tokenrouterd N=1 / official"
+    assert rows_of(result)[name].verdict in {"met", "missed"}
+    slow = copy.deepcopy(result)
+    for r in run_of(slow, "official", "short", 1)["records"]:
+        r["latency"] = 1e6  # a loop this slow: tokenrouterd at N=1 beats it
+    assert rows_of(slow)[name].verdict == "met"
+    fast = copy.deepcopy(result)
+    for r in run_of(fast, "official", "short", 1)["records"]:
+        r["latency"] = 1e-6
+    assert rows_of(fast)[name].verdict == "missed"
+
+
+def test_the_pair_plan_serves_only_the_short_workload(tiny_models: dict[str, Path]) -> None:
+    plan = PLANS["pair"]
+    bench = Bench(plan, load_pair("tiny", CACHE_DIR), 0.5, Path("."))
+    assert [(w.name, n) for w, n in bench.reference_jobs()] == [("short", 16)]
+    assert plan.long == 0 and not plan.forced_delay and plan.ns == (1, 4, 16)

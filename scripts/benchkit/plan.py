@@ -14,6 +14,12 @@ one round (N requests at N), standard serving with its prefix cache only (std_no
 re-prefills every context at every token: hours at 2048-token contexts), no ablation
 daemons. The fixtures' `full` run has both.
 
+`pair` is what the real pair allows on a 2-core host in about an hour: the short
+workload (256 output tokens) at N = 1, 4, 16, one run each, standard serving with its
+prefix cache, and no length sweep, forced-delay run or ablation daemons: the official
+loop alone, one request at a time, would need about 80 minutes for 16 requests of 1024
+tokens there.
+
 `smoke` runs every path at a tiny size; it leaves out the separate ablation daemons and
 std_nocache (the same code as tokenrouterd and std with one setting changed, which the
 engine's and the standard server's own tests cover). Its numbers mean nothing.
@@ -36,6 +42,12 @@ class Plan:
     ablation_daemons: bool  # start the no_pending_kv / step_sync daemons
     std_systems: tuple[str, ...]  # standard serving: "std" (prefix cache), "std_nocache"
     scale: float = 1.0  # multiplies every corpus workload's prompt and output lengths
+    forced_delay: bool = True  # the run with the large model's threshold forced to 4
+
+    @property
+    def long(self) -> int:
+        """The longest output length of the long workload; 0: the plan has none."""
+        return max((*self.lengths, self.std_length), default=0)
 
     def requests(self, n: int) -> int:
         return max(self.min_requests, self.rounds * n)
@@ -52,6 +64,10 @@ PLANS = {
     "cpu": Plan(
         ns=(1, 4, 16), rounds=1, min_requests=2, lengths=(256, 512, 2048), std_length=512,
         agent_requests=16, repeats=2, ablation_daemons=False, std_systems=("std",),
+    ),
+    "pair": Plan(
+        ns=(1, 4, 16), rounds=1, min_requests=2, lengths=(), std_length=0, agent_requests=0,
+        repeats=1, ablation_daemons=False, std_systems=("std",), forced_delay=False,
     ),
     "smoke": Plan(
         ns=(1, 2), rounds=1, min_requests=2, lengths=(8, 16), std_length=8, agent_requests=2,

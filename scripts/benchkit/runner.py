@@ -34,9 +34,11 @@ from benchkit.client import OpenAIClient, Record, Send, closed_loop
 from benchkit.identity import Reference, identity
 from benchkit.pairs import Pair
 from benchkit.plan import Plan
+from benchkit.stepcost import batching_bound, calibrate
 from benchkit.summary import summarize
 from benchkit.systems import (
     DTYPE,
+    ENGINE,
     THREADS,
     Daemon,
     Server,
@@ -76,6 +78,7 @@ class Bench:
         self.notes: list[str] = []
         self.thresholds: dict[str, list[int]] = {}
         self.recommendation: dict[str, Any] = {}  # the Markov model's full answer
+        self.costs: dict[str, dict[str, Any]] = {}  # each model's step costs (`stepcost.py`)
         self._prompts: dict[tuple[Any, ...], list[list[int]]] = {}
         self.bound = bound_kind("cpu", os.cpu_count() or 1, len(self.models), THREADS)
         # Room for the longest request of any run, N of them at once.
@@ -104,9 +107,9 @@ class Bench:
     def reference_jobs(self) -> list[tuple[Workload, int]]:
         """Every prompt list the plan serves, at the longest length it is served with."""
         jobs = [(self.workload("short"), self.plan.requests(self.top_n))]
-        longest = max((*self.plan.lengths, self.plan.std_length), default=0)
-        jobs.append((self.workload("long", longest), self.top_n))
-        if "agent" in self.pair.workloads:
+        if self.plan.long:
+            jobs.append((self.workload("long", self.plan.long), self.top_n))
+        if "agent" in self.pair.workloads and self.plan.agent_requests:
             jobs.append((self.workload("agent"), self.plan.agent_requests))
         return jobs
 
@@ -144,6 +147,7 @@ class Bench:
         if daemon and before is not None:
             after = daemon.fresh_stats(time.time())
             run["ceiling"] = ceiling(before, after, records, wall, self.bound)
+            run["batching"] = batching_bound(before, after, self.costs, wall, self.bound["kind"])
         if std:
             run["profile"] = {m: delta(profiles[m], s.get("/profile")) for m, s in std.items()}
         print(
@@ -163,6 +167,7 @@ class Bench:
     # -- systems ---------------------------------------------------------------------
     async def run_all(self) -> dict[str, Any]:
         started = time.perf_counter()
+        self.calibrate()
         await self.run_official()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             await self.run_tokenrouterd(session)
@@ -176,9 +181,23 @@ class Bench:
             "machine": machine(), "pair": self.pair.describe(), "dtype": DTYPE,
             "threads": THREADS, "bound": self.bound, "plan": asdict(self.plan),
             "total_s": time.perf_counter() - started, "thresholds": self.thresholds,
+            "step_costs": self.costs,
             "recommendation": self.recommendation, "runs": self.runs, "reference": table,
             "identity": identity(self.runs, table), "notes": self.notes,
         }  # fmt: skip
+
+    def calibrate(self) -> None:
+        """Each model's step costs, alone, before anything else runs (`stepcost.py`), at
+        the short workload's mean context halfway through its output."""
+        w = self.workload("short")
+        prompts = self.prompts(w, self.plan.requests(self.top_n))
+        context = round(sum(map(len, prompts)) / len(prompts) + w.max_tokens / 2)
+        for name, path in self.models.items():
+            self.costs[name] = calibrate(path, DTYPE, context, **ENGINE)
+            c = self.costs[name]
+            steps = ", ".join(f"b={b} {ms:.1f}" for b, ms in c["decode_ms"])
+            print(f"step cost {name}: {steps} ms; {c['gamma_ms']:.3f} ms per prefill token "
+                  f"(context {context})", flush=True)  # fmt: skip
 
     async def run_official(self) -> None:
         paths = [self.models[m] for m in self.names]
@@ -225,12 +244,13 @@ class Bench:
             for length in self.plan.lengths:
                 w = self.workload("long", length)
                 await self.measure("tokenrouterd", send, w, self.top_n, self.top_n, daemon=d)
-            if "agent" in self.pair.workloads:
+            if "agent" in self.pair.workloads and self.plan.agent_requests:
                 w, count = self.workload("agent"), self.plan.agent_requests
                 await self.measure("tokenrouterd", send, w, self.top_n, count, daemon=d)
-            # Delayed batching forced on, whatever the model says: does waiting pay here?
-            d.admin_post("/thresholds", {"thresholds": {"large": FORCED_DELAY}})
-            await self._top_short("forced_delay", send, d)
+            if self.plan.forced_delay:
+                # Delayed batching forced on, whatever the model says: does waiting pay?
+                d.admin_post("/thresholds", {"thresholds": {"large": FORCED_DELAY}})
+                await self._top_short("forced_delay", send, d)
         finally:
             d.server.stop()
 
@@ -276,8 +296,9 @@ class Bench:
             for n in self.plan.ns:
                 count = self.plan.requests(n)
                 await self.measure(system, disp.send, w, n, count, std=servers)
-            w = self.workload("long", self.plan.std_length)
-            await self.measure(system, disp.send, w, self.top_n, self.top_n, std=servers)
+            if self.plan.std_length:
+                w = self.workload("long", self.plan.std_length)
+                await self.measure(system, disp.send, w, self.top_n, self.top_n, std=servers)
         finally:
             for s in servers.values():
                 s.stop()

@@ -7,7 +7,7 @@ two runs can be compared only when they served the same prompts.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,8 +21,12 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 def prompt_set(records: Sequence[Record]) -> str:
-    keys = sorted(digest_ids(r.prompt) for r in records)
-    return hashlib.sha1(",".join(keys).encode()).hexdigest()[:16]
+    return digest_set(digest_ids(r.prompt) for r in records)
+
+
+def digest_set(prompt_digests: Iterable[str]) -> str:
+    """The name of a set of prompts, from their digests (`identity.digest_ids`)."""
+    return hashlib.sha1(",".join(sorted(prompt_digests)).encode()).hexdigest()[:16]
 
 
 def summarize(records: Sequence[Record], wall: float, large: str = "large") -> dict[str, Any]:

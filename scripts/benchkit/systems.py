@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 DTYPE = "float32"  # every system serves both models in this dtype
 THREADS = 1  # torch threads per engine (and per standard server)
+ENGINE = {"threads": THREADS, "max_batch_tokens": 2048}  # every daemon engine's settings
 
 
 def free_port() -> int:
@@ -122,7 +123,7 @@ def daemon_config(
         "max_model_len": context,
         "models": [{"name": n, "path": str(p), "dtype": DTYPE} for n, p in models.items()],
         "policy": {"name": "rstitch", "threshold": tau},
-        "engine": {"threads": THREADS, "max_batch_tokens": 2048, **engine},
+        "engine": {**ENGINE, **engine},
         "shutdown": {"grace_s": 5},
         # One step of the 1.5B in float32 on one thread (a 2,048-token prefill chunk) can
         # outlast the 120 s default, which then reads the engine as hung.

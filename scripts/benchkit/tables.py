@@ -85,6 +85,34 @@ def ceiling_table(runs: list[Run]) -> list[str]:
     return lines
 
 
+def step_cost_table(costs: dict[str, Any]) -> list[str]:
+    """Each model's calibrated step costs (`stepcost.py`)."""
+    if not costs:
+        return ["(no step costs in this run)"]
+    sizes = [int(b) for b, _ in next(iter(costs.values()))["decode_ms"]]
+    lines = ["| model | context | " + " | ".join(f"decode b={b} ms" for b in sizes)
+             + " | ms per prefill token |", "|---|---|" + "---|" * (len(sizes) + 1)]  # fmt: skip
+    for name, c in costs.items():
+        cells = " | ".join(f"{ms:.1f}" for _, ms in c["decode_ms"])
+        lines.append(f"| {name} | {c['context']} | {cells} | {c['gamma_ms']:.2f} |")
+    return lines
+
+
+def batching_table(runs: list[Run]) -> list[str]:
+    lines = ["| workload | N | wall s | per model: steps, rows, tokens fed, needed s "
+             "| bound s | fraction |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        b = r.get("batching")
+        if r["system"] != FULL or not b:
+            continue
+        models = "; ".join(f"{name}: {m['steps']}, {m['rows']}, {m['fed']}, {m['need_s']:.1f}"
+                           for name, m in b["models"].items())  # fmt: skip
+        bound = f"{b['bound_s']:.1f} ({b['kind']})"
+        lines.append(f"| {r['workload']} | {r['n']} | {r['wall_s']:.1f} | {models} "
+                     f"| {bound} | {100 * b['fraction']:.0f}% |")  # fmt: skip
+    return lines
+
+
 def profile_table(runs: list[Run]) -> list[str]:
     """Per-phase shares of each standard server's time in its long-output run."""
     found = [r for r in runs if r["system"] in STD and r["workload"].startswith("long")]

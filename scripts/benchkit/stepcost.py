@@ -1,0 +1,115 @@
+"""The batching bound: each model's step cost measured apart from the runs it judges.
+
+Before any system runs, each model's engine is loaded in this process (the daemon's
+engine code, dtype and thread count) and stepped on its own, with nothing else running:
+the median decode step at batch sizes `BATCHES` over a context of the run's typical
+length, and one prefill, whose cost beyond a one-row step gives `gamma`, the cost of each
+token fed beyond a row's first. cost_m(b) interpolates the decode medians linearly (and
+extends the last segment past the largest size). A daemon run's engines report the batch
+size of each of their latest steps and count steps, rows and tokens fed exactly, so the
+forward time engine m needed for the batches it ran is
+
+    B_m = sum over its steps of cost_m(batch size) + gamma_m * (fed_m - rows_m)
+
+and the run cannot be shorter than max_m B_m (engines in parallel) or sum_m B_m (one
+shared device). Fraction = B / wall: how close the run came to what its batches cost.
+Unlike the forward-only ceiling (`ceiling.py`), nothing here uses the run's own timings;
+the run contributes only what it scheduled. A run of more steps than the engines' window
+is scaled from the window's batch sizes. Left out: attention's growth with the context
+beyond the calibration's, and the routing policy's own work per step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trd.engines.engine import Engine
+from trd.engines.spec import EngineSpec
+from trd.protocol import SamplingParams
+
+BATCHES = (1, 2, 4, 8, 16)
+DECODE_STEPS = 8  # timed decode steps per batch size (the median counts)
+PREFILL = 64  # prompt tokens of the prefill measurement
+
+
+def _prompt(i: int, length: int, vocab: int) -> list[int]:
+    return [(97 * i + 31 * j) % (vocab - 200) + 100 for j in range(length)]
+
+
+def _decode_ms(engine: Engine, batch: int, context: int) -> float:
+    vocab = engine.spec.checkpoint.vocab_limit
+    params = SamplingParams(max_tokens=DECODE_STEPS + 2, ignore_eos=True)
+    rids = {engine.add_request(_prompt(i, context, vocab), params) for i in range(batch)}
+    started: set[int] = set()
+    while started != rids:  # the prefill, in as many steps as the token budget takes
+        started |= {o.rid for o in engine.step()}
+    times = []
+    while engine.has_unfinished():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def _prefill_ms(engine: Engine) -> float:
+    vocab = engine.spec.checkpoint.vocab_limit
+    best = float("inf")
+    for i in range(3):
+        engine.add_request(_prompt(1000 + i, PREFILL, vocab), SamplingParams(max_tokens=1))
+        start = time.perf_counter()
+        engine.step()
+        best = min(best, time.perf_counter() - start)
+    return 1e3 * best
+
+
+def calibrate(path: Path, dtype: str, context: int, **settings: Any) -> dict[str, Any]:
+    """One model's step costs, in ms: the decode step at each batch size, and gamma (per
+    token fed beyond a row's first)."""
+    kv_tokens = (max(BATCHES) + 1) * (context + DECODE_STEPS + PREFILL + 16)
+    engine = Engine(EngineSpec.of(path, dtype=dtype, kv_tokens=kv_tokens, **settings))
+    _decode_ms(engine, 1, context)  # warm-up
+    points = [[b, _decode_ms(engine, b, context)] for b in BATCHES]
+    prefill = _prefill_ms(engine)
+    gamma = max(0.0, (prefill - points[0][1]) / (PREFILL - 1))
+    return {"decode_ms": points, "gamma_ms": gamma, "context": context,
+            "prefill_ms": [PREFILL, prefill]}  # fmt: skip
+
+
+def step_ms(points: list[list[float]], batch: float) -> float:
+    """cost(batch) from the decode medians: linear between them, the last segment beyond."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    if batch <= xs[-1]:
+        return float(np.interp(batch, xs, ys))
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return ys[-1] + slope * (batch - xs[-1])
+
+
+def batching_bound(
+    before: Mapping[str, Mapping[str, Any]],
+    after: Mapping[str, Mapping[str, Any]],
+    costs: Mapping[str, Mapping[str, Any]],
+    wall: float,
+    kind: str,
+) -> dict[str, Any]:
+    """The run's batching bound from its engines' counters and the calibrated costs."""
+    models: dict[str, dict[str, Any]] = {}
+    for name, body in after.items():
+        prior = before.get(name, {})
+        steps, rows, fed = (int(body[k]) - int(prior.get(k, 0)) for k in
+                            ("steps", "rows", "tokens_fed"))  # fmt: skip
+        window = [int(b) for b, _ in body["window"]["latency"]][-steps:] if steps else []
+        c = costs[name]
+        decode = sum(step_ms(c["decode_ms"], b) for b in window) * steps / max(1, len(window))
+        need = 1e-3 * (decode + c["gamma_ms"] * (fed - rows))
+        models[name] = {"steps": steps, "rows": rows, "fed": fed, "need_s": need,
+                        "sampled_steps": len(window)}  # fmt: skip
+    needs = [m["need_s"] for m in models.values()]
+    bound_s = max(needs, default=0.0) if kind == "parallel" else sum(needs)
+    return {"kind": kind, "models": models, "bound_s": bound_s,
+            "fraction": bound_s / wall if wall else None}  # fmt: skip
