@@ -17,11 +17,13 @@ and the same greedy requests (EOS ignored):
 Every request of every system is compared, by its token ids and the model that produced
 each, with the official loop's output for the same prompt. Pairs: `--pair demo` (the
 real pair, chat prompts; the report's main table) or `--pair tiny` (the fixtures; the
-quicker second table). The report:
+quicker second table). The report (the real pair's `pair` plan takes about an hour on
+2 cores; its `full` plan, many hours):
 
-    .venv/bin/python scripts/bench.py --pair demo --out bench_results/demo.json
+    .venv/bin/python scripts/bench.py --pair demo --plan pair --out bench_results/demo.json
     .venv/bin/python scripts/bench.py --pair tiny --out bench_results/tiny.json
-    .venv/bin/python scripts/bench_report.py bench_results/demo.json --tiny bench_results/tiny.json
+    .venv/bin/python scripts/bench_report.py bench_results/demo.json \\
+        --tiny bench_results/tiny.json --sections docs/benchmark_sections.md
 
 `--agent` runs only the agent-trajectory workload (`benchkit/agent.py`: multi-turn
 conversations resending all so far; tokenrouterd with its prefix cache on and off,

@@ -1,11 +1,14 @@
 """Turn `scripts/bench.py`'s JSON into docs/benchmarks.md and its matplotlib plots.
 
     .venv/bin/python scripts/bench_report.py bench_results/demo.json \\
-        [--tiny bench_results/tiny.json] [--out docs/benchmarks.md]
+        [--tiny bench_results/tiny.json] [--sections docs/benchmark_sections.md] \\
+        [--out docs/benchmarks.md]
 
 The main JSON (the real pair) gives the report; `--tiny` adds the fixture pair's run as
-a second, quicker table. Every sentence that depends on a run is generated from that
-run's JSON: the machine, the pair, the plan, the verdicts and their reasons, the notes.
+a second, quicker table; `--sections` appends hand-written sections (runs of other
+scripts, kept in their own file) as they are, before the list of systems. Every sentence
+that depends on a run is generated from that run's JSON: the machine, the pair, the plan,
+the verdicts and their reasons, the notes.
 Identity is recomputed here from the runs' digests and the reference table.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +46,15 @@ BOUND = [
 
 BATCHING = [
     "Before any system ran, each model's engine was stepped alone in the benchmark's",
-    "process (the daemon's engine code, dtype and threads): the median decode step at each",
+    "process (the daemon's engine code, dtype and threads): the fastest decode step at each",
     "batch size below, and a prefill, whose cost beyond a one-row step is the cost per",
     "extra token fed. A daemon run contributes only what it scheduled: the batch size of",
     "each engine step and the tokens fed. Needed s = the sum over its steps of the",
     "interpolated cost at that step's batch size, plus the extra tokens' cost; bound = the",
     "busiest engine's (parallel) or the sum (shared); fraction = bound / wall. None of it",
-    "comes from the run's own timings (`scripts/benchkit/stepcost.py`).",
+    "comes from the run's own timings (`scripts/benchkit/stepcost.py`). One request never",
+    "runs on both engines at once, so at N=1 the engines take turns and the sum (the",
+    "serial column) is the bound that applies there.",
 ]
 
 SYSTEMS = {  # what each system is (the code), shown for the systems a run has
@@ -74,6 +80,8 @@ def top(data: dict[str, Any]) -> int:
 def setting(data: dict[str, Any]) -> list[str]:
     """What was run, where, and how: all from the JSON."""
     m, plan, pair = data["machine"], data["plan"], data["pair"]
+    lengths = ", ".join(map(str, plan["lengths"]))
+    sweep = f"output lengths {lengths} at N={top(data)}" if lengths else "no output-length sweep"
     gpu = f"GPU {m['gpu']} present, not used" if m.get("gpu") else "no GPU"
     models = "; ".join(
         f"{role} `{d['folder']}` ({d['model_type']}, {d['layers']} layers, hidden {d['hidden']}, "
@@ -89,8 +97,8 @@ def setting(data: dict[str, Any]) -> list[str]:
         f"R-Stitch, threshold {data['tau']}. Delayed-batching thresholds (Markov model, from "
         f"the live figures of the first run): `{data['thresholds']}`.",
         "",
-        f"Plan `{data['plan_name']}`: N = {', '.join(map(str, plan['ns']))}; output lengths "
-        f"{', '.join(map(str, plan['lengths']))} at N={top(data)}; each short-workload daemon "
+        f"Plan `{data['plan_name']}`: N = {', '.join(map(str, plan['ns']))}; {sweep}; "
+        f"each short-workload daemon "
         f"comparison at N={top(data)} ran {plan['repeats']} time(s), the fastest counting. "
         f"Reference: the official-style loop on every prompt served.",
     ]
@@ -104,7 +112,9 @@ def pair_section(data: dict[str, Any], title: str) -> tuple[list[str], list[Any]
     return lines, rows
 
 
-def render(data: dict[str, Any], out: Path, tiny: dict[str, Any] | None = None) -> str:
+def render(
+    data: dict[str, Any], out: Path, tiny: dict[str, Any] | None = None, sections: str = ""
+) -> str:
     runs, n = data["runs"], top(data)
     ident = identity(runs, data["reference"])
     main, rows = pair_section(data, f"Targets: pair `{data['pair']['name']}`")
@@ -163,6 +173,8 @@ def render(data: dict[str, Any], out: Path, tiny: dict[str, Any] | None = None) 
         second, tiny_rows = pair_section(tiny, f"Second table: pair `{tiny['pair']['name']}`")
         lines += [*second, "Notes:", "",
                   *[f"- {note}" for note in notes(tiny, tiny_rows, top(tiny))], ""]  # fmt: skip
+    if sections:  # without the file's leading comment (it speaks to whoever edits it)
+        lines += [re.sub(r"\A<!--.*?-->\s*", "", sections, flags=re.S).rstrip(), ""]
     ran = {r["system"] for d in (data, tiny) if d is not None for r in d["runs"]}
     lines += ["## Systems", "", *(f"- **{k}**: {v}" for k, v in SYSTEMS.items() if k in ran)]
     return "\n".join(lines) + "\n"
@@ -172,11 +184,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("results", type=Path, help="the main run (the real pair)")
     ap.add_argument("--tiny", type=Path, help="the fixture pair's run: a second table")
+    ap.add_argument("--sections", type=Path, help="hand-written sections to append (markdown)")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = ap.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tiny = json.loads(args.tiny.read_text()) if args.tiny else None
-    args.out.write_text(render(json.loads(args.results.read_text()), args.out, tiny))
+    sections = args.sections.read_text() if args.sections else ""
+    args.out.write_text(render(json.loads(args.results.read_text()), args.out, tiny, sections))
     print(f"wrote {args.out}")
 
 

@@ -185,7 +185,9 @@ def test_a_throughput_above_its_bound_is_not_comparable(result: Data) -> None:
 
 
 def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
-    md = render(result, tmp_path / "benchmarks.md", tiny=result)
+    hand = "<!-- a note to the editor -->\n\n## Hand-written\n\nA measured run.\n"
+    md = render(result, tmp_path / "benchmarks.md", tiny=result, sections=hand)
+    assert "## Hand-written\n\nA measured run.\n\n## Systems" in md and "editor" not in md
     for row in rows_of(result).values():
         assert row.markdown() in md
     assert md.count("| every request identical to the reference | all |") == 2  # main + tiny

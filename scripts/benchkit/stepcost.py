@@ -2,9 +2,10 @@
 
 Before any system runs, each model's engine is loaded in this process (the daemon's
 engine code, dtype and thread count) and stepped on its own, with nothing else running:
-the median decode step at batch sizes `BATCHES` over a context of the run's typical
-length, and one prefill, whose cost beyond a one-row step gives `gamma`, the cost of each
-token fed beyond a row's first. cost_m(b) interpolates the decode medians linearly (and
+the fastest decode step at batch sizes `BATCHES` over a context of the run's typical
+length, and the fastest of three prefills, whose cost beyond a one-row step gives `gamma`,
+the cost of each token fed beyond a row's first (the fastest: a busy host only slows a
+step, and a slowed calibration would flatter the run). cost_m(b) interpolates them (and
 extends the last segment past the largest size). A daemon run's engines report the batch
 size of each of their latest steps and count steps, rows and tokens fed exactly, so the
 forward time engine m needed for the batches it ran is
@@ -21,7 +22,6 @@ beyond the calibration's, and the routing policy's own work per step.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +34,7 @@ from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
 
 BATCHES = (1, 2, 4, 8, 16)
-DECODE_STEPS = 8  # timed decode steps per batch size (the median counts)
+DECODE_STEPS = 8  # timed decode steps per batch size (the fastest counts)
 PREFILL = 64  # prompt tokens of the prefill measurement
 
 
@@ -54,7 +54,7 @@ def _decode_ms(engine: Engine, batch: int, context: int) -> float:
         start = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * min(times)
 
 
 def _prefill_ms(engine: Engine) -> float:
@@ -82,7 +82,7 @@ def calibrate(path: Path, dtype: str, context: int, **settings: Any) -> dict[str
 
 
 def step_ms(points: list[list[float]], batch: float) -> float:
-    """cost(batch) from the decode medians: linear between them, the last segment beyond."""
+    """cost(batch) from the measured steps: linear between them, the last segment beyond."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     if batch <= xs[-1]:
         return float(np.interp(batch, xs, ys))

@@ -100,7 +100,8 @@ def step_cost_table(costs: dict[str, Any]) -> list[str]:
 
 def batching_table(runs: list[Run]) -> list[str]:
     lines = ["| workload | N | wall s | per model: steps, rows, tokens fed, needed s "
-             "| bound s | fraction |", "|---|---|---|---|---|---|"]  # fmt: skip
+             "| bound s | fraction | serial: sum s, fraction |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in runs:
         b = r.get("batching")
         if r["system"] != FULL or not b:
@@ -108,8 +109,10 @@ def batching_table(runs: list[Run]) -> list[str]:
         models = "; ".join(f"{name}: {m['steps']}, {m['rows']}, {m['fed']}, {m['need_s']:.1f}"
                            for name, m in b["models"].items())  # fmt: skip
         bound = f"{b['bound_s']:.1f} ({b['kind']})"
+        serial = sum(m["need_s"] for m in b["models"].values())
         lines.append(f"| {r['workload']} | {r['n']} | {r['wall_s']:.1f} | {models} "
-                     f"| {bound} | {100 * b['fraction']:.0f}% |")  # fmt: skip
+                     f"| {bound} | {100 * b['fraction']:.0f}% "
+                     f"| {serial:.1f}, {100 * serial / r['wall_s']:.0f}% |")  # fmt: skip
     return lines
 
 
