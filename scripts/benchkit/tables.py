@@ -47,6 +47,11 @@ def run_table(runs: list[Run]) -> list[str]:
     return lines
 
 
+def daemon_runs(runs: list[Run], key: str) -> list[tuple[Run, dict[str, Any]]]:
+    """tokenrouterd's runs that have `key` ("ceiling", "batching"), with its value."""
+    return [(r, r[key]) for r in runs if r["system"] == FULL and r.get(key)]
+
+
 def identity_table(ident: list[dict[str, Any]]) -> list[str]:
     lines = ["| system | workload | N | requests compared | identical | no reference "
              "| first divergence (token) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -61,10 +66,7 @@ def ceiling_table(runs: list[Run]) -> list[str]:
     lines = ["| workload | N | tok/s | bound | ceiling tok/s | fraction | per model: steps, "
              "mean batch, ms per row, rows dropped | handoff p50/p99 us |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in runs:
-        c = r.get("ceiling")
-        if r["system"] != FULL or not c:
-            continue
+    for r, c in daemon_runs(runs, "ceiling"):
         if not c["valid"]:
             lines.append(f"| {r['workload']} | {r['n']} | {r['throughput']:.0f} | invalid: "
                          f"{c['invalid']} | - | - | - | - |")  # fmt: skip
@@ -102,10 +104,7 @@ def batching_table(runs: list[Run]) -> list[str]:
     lines = ["| workload | N | wall s | per model: steps, rows, tokens fed, needed s "
              "| bound s | fraction | serial: sum s, fraction |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in runs:
-        b = r.get("batching")
-        if r["system"] != FULL or not b:
-            continue
+    for r, b in daemon_runs(runs, "batching"):
         models = "; ".join(f"{name}: {m['steps']}, {m['rows']}, {m['fed']}, {m['need_s']:.1f}"
                            for name, m in b["models"].items())  # fmt: skip
         bound = f"{b['bound_s']:.1f} ({b['kind']})"

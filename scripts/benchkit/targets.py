@@ -179,12 +179,20 @@ def ceiling_row(run: Run | None, ident: list[Any]) -> Row:
         return Row(name, target, "invalid", "not comparable", c["invalid"])
     frac, bound = c["fraction"], c["bound"]
     shown = f"{100 * frac:.0f}% ({bound['kind']} bound)"
+    above = f"throughput above the {bound['kind']} bound: its premise ({bound['why']}) failed"
+    return fraction_row(Row(name, target, shown, "", bound["why"]), run, frac, 0.7, above, ident)
+
+
+def fraction_row(
+    row: Row, run: Run, frac: float, want: float, above: str, ident: list[Any]
+) -> Row:  # fmt: skip
+    """`row` (name, target, shown, why) judged: not comparable above 1, missed on a
+    changed output, else met when `frac` >= `want`."""
     if frac > 1.0:
-        why = f"throughput above the {bound['kind']} bound: its premise ({bound['why']}) failed"
-        return Row(name, target, shown, "not comparable", why)
+        return Row(row.name, row.target, row.measured, "not comparable", above)
     if (bad := failed(ident, run)) is not None:
-        return Row(name, target, shown, "missed", bad)
-    return Row(name, target, shown, *verdict(frac >= 0.7, bound["why"], bound["why"]))
+        return Row(row.name, row.target, row.measured, "missed", bad)
+    return Row(row.name, row.target, row.measured, *verdict(frac >= want, row.why, row.why))
 
 
 def batching_row(run: Run | None, ident: list[Any]) -> Row:
@@ -195,13 +203,9 @@ def batching_row(run: Run | None, ident: list[Any]) -> Row:
     name = f"{name}, {label(run)}"
     frac = b["fraction"]
     shown = f"{100 * frac:.0f}% ({b['kind']}: {b['bound_s']:.1f} s of {run['wall_s']:.1f} s)"
-    if frac > 1.0:
-        why = "faster than the calibrated costs of its batches: the calibration ran slow"
-        return Row(name, target, shown, "not comparable", why)
-    if (bad := failed(ident, run)) is not None:
-        return Row(name, target, shown, "missed", bad)
+    above = "faster than the calibrated costs of its batches: the calibration ran slow"
     why = "step costs measured alone before the runs, at the batch sizes this run had"
-    return Row(name, target, shown, *verdict(frac >= 0.85, why, why))
+    return fraction_row(Row(name, target, shown, "", why), run, frac, 0.85, above, ident)
 
 
 def handoff_row(run: Run | None) -> Row:
