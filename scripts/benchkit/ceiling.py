@@ -45,17 +45,17 @@ def bound_kind(device: str, cores: int, engines: int, threads: int) -> dict[str,
     return {"kind": "shared", "why": why}
 
 
-def _delta(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> float:
+def counter_delta(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> float:
     return float(after.get(key, 0)) - float(before.get(key, 0))
 
 
 def _model(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    steps, rows = _delta(before, after, "steps"), _delta(before, after, "rows")
-    busy, dropped = _delta(before, after, "busy_s"), _delta(before, after, "dropped")
+    steps, rows = counter_delta(before, after, "steps"), counter_delta(before, after, "rows")
+    busy, dropped = counter_delta(before, after, "busy_s"), counter_delta(before, after, "dropped")
     return {
         "steps": int(steps), "rows": int(rows), "forward_s": busy,
-        "committed": int(_delta(before, after, "tokens_committed")),
-        "handoffs_in": int(_delta(before, after, "handoffs_in")),
+        "committed": int(counter_delta(before, after, "tokens_committed")),
+        "handoffs_in": int(counter_delta(before, after, "handoffs_in")),
         "dropped_rows": int(dropped), "dropped_share": dropped / rows if rows else 0.0,
         "batch_size_mean": rows / steps if steps else 0.0,
         "step_ms_mean": 1e3 * busy / steps if steps else 0.0,
@@ -68,7 +68,7 @@ def handoff_latency(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     sample: list[float] = []
     total = 0
     for name, body in after.items():
-        count = int(_delta(before.get(name, {}), body, "handoffs_in"))
+        count = int(counter_delta(before.get(name, {}), body, "handoffs_in"))
         window = body.get("window", {}).get("handoff_s", [])
         total += count
         sample += window[len(window) - min(count, len(window)) :] if count else []

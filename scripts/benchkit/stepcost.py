@@ -33,6 +33,8 @@ from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
 
+from benchkit.ceiling import counter_delta
+
 BATCHES = (1, 2, 4, 8, 16)
 DECODE_STEPS = 8  # timed decode steps per batch size (the fastest counts)
 PREFILL = 64  # prompt tokens of the prefill measurement
@@ -101,8 +103,8 @@ def batching_bound(
     models: dict[str, dict[str, Any]] = {}
     for name, body in after.items():
         prior = before.get(name, {})
-        steps, rows, fed = (int(body[k]) - int(prior.get(k, 0)) for k in
-                            ("steps", "rows", "tokens_fed"))  # fmt: skip
+        steps, rows, fed = (int(counter_delta(prior, body, k))
+                            for k in ("steps", "rows", "tokens_fed"))  # fmt: skip
         window = [int(b) for b, _ in body["window"]["latency"]][-steps:] if steps else []
         c = costs[name]
         decode = sum(step_ms(c["decode_ms"], b) for b in window) * steps / max(1, len(window))

@@ -22,7 +22,7 @@ costs each forward more whatever the serving system does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from benchkit.identity import differing
@@ -31,8 +31,7 @@ from benchkit.summary import digest_set
 FULL = "tokenrouterd"
 ABLATIONS = ("no_delayed_batching", "no_pending_kv", "step_sync")
 SHARE_SLACK = 0.02  # largest difference of large-token share between compared runs
-# tokenrouterd at the largest N / the official loop, by pair: the real pair's from issue
-# #29 (its large model's step costs 2.5x the small one's, where the fixtures' cost 4x).
+# tokenrouterd at the largest N / the official loop, by pair: the real pair's is issue #29's.
 OFFICIAL_X = {"demo": 6.0, "tiny": 10.0}
 Run = dict[str, Any]
 
@@ -186,13 +185,13 @@ def ceiling_row(run: Run | None, ident: list[Any]) -> Row:
 def fraction_row(
     row: Row, run: Run, frac: float, want: float, above: str, ident: list[Any]
 ) -> Row:  # fmt: skip
-    """`row` (name, target, shown, why) judged: not comparable above 1, missed on a
-    changed output, else met when `frac` >= `want`."""
+    """`row` (name, target, shown, why; no verdict yet) judged: not comparable above 1,
+    missed on a changed output, else met when `frac` >= `want`."""
     if frac > 1.0:
-        return Row(row.name, row.target, row.measured, "not comparable", above)
+        return replace(row, verdict="not comparable", why=above)
     if (bad := failed(ident, run)) is not None:
-        return Row(row.name, row.target, row.measured, "missed", bad)
-    return Row(row.name, row.target, row.measured, *verdict(frac >= want, row.why, row.why))
+        return replace(row, verdict="missed", why=bad)
+    return replace(row, verdict="met" if frac >= want else "missed")
 
 
 def batching_row(run: Run | None, ident: list[Any]) -> Row:
