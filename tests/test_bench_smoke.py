@@ -216,7 +216,7 @@ def test_the_batching_bound_counts_the_runs_batches_at_calibrated_costs(result: 
     assert set(costs) == {"small", "large"}
     for c in costs.values():
         assert [b for b, _ in c["decode_ms"]] == list(BATCHES)
-        assert all(ms > 0 for _, ms in c["decode_ms"]) and c["gamma_ms"] >= 0
+        assert all(ms > 0 for _, ms in c["decode_ms"]) and c["points"][-1] == c["prefill_ms"]
     for run in result["runs"]:
         if run["system"] == "official" or run["system"] == "std":
             assert "batching" not in run
@@ -234,18 +234,17 @@ def test_the_batching_bound_counts_the_runs_batches_at_calibrated_costs(result: 
 
 def test_the_batching_bound_is_the_cost_of_each_step() -> None:
     points = [[1, 10.0], [2, 12.0], [4, 16.0]]
-    assert [step_ms(points, b) for b in (1, 3, 6)] == [10.0, 14.0, 20.0]  # 6: extended
-    costs = {"m": {"decode_ms": points, "gamma_ms": 0.5}}
-    window = [[9, 0.1], [1, 0.1], [3, 0.1], [6, 0.1]]  # the run's steps: the last three
+    assert [step_ms(points, f) for f in (1, 3, 6)] == [10.0, 14.0, 20.0]  # 6: extended
+    costs = {"m": {"points": points}}
+    fed = [9, 1, 3, 6]  # tokens fed by the run's steps: the last three
     before = {"m": {"steps": 7, "rows": 20, "tokens_fed": 30}}
-    after = {"m": {"steps": 10, "rows": 30, "tokens_fed": 50, "window": {"latency": window}}}
+    after = {"m": {"steps": 10, "rows": 30, "tokens_fed": 50, "window": {"fed": fed}}}
     b = batching_bound(before, after, costs, wall=0.1, kind="parallel")
-    # 10 + 14 + 20 ms of decode steps, and 10 tokens fed beyond the rows at 0.5 ms.
-    assert b["models"]["m"]["need_s"] == pytest.approx(0.049)
-    assert b["fraction"] == pytest.approx(0.49)
-    before["m"]["steps"] = 4  # 6 steps, 4 in the window: scaled from the window's sizes
+    assert b["models"]["m"]["need_s"] == pytest.approx(0.044)  # 10 + 14 + 20 ms
+    assert b["fraction"] == pytest.approx(0.44)
+    before["m"]["steps"] = 4  # 6 steps, 4 in the window: scaled from the window's steps
     b = batching_bound(before, after, costs, wall=0.1, kind="parallel")
-    assert b["models"]["m"]["need_s"] == pytest.approx(1e-3 * ((26 + 10 + 14 + 20) * 6 / 4 + 5))
+    assert b["models"]["m"]["need_s"] == pytest.approx(1e-3 * (26 + 10 + 14 + 20) * 6 / 4)
 
 
 def test_a_batching_bound_above_the_run_or_unmet_is_judged(result: Data) -> None:

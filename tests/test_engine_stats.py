@@ -19,5 +19,5 @@ def test_counters_outlive_the_windows() -> None:
     assert snap["tokens_committed"] + snap["dropped"] == steps  # a row commits or drops
     assert snap["handoffs_in"] == steps
     window = snap["window"]
-    assert len(window["latency"]) == len(window["handoff_s"]) == WINDOW
+    assert len(window["latency"]) == len(window["fed"]) == len(window["handoff_s"]) == WINDOW
     assert window["handoff_s"][-1] == 1e-6 * (steps - 1)  # the latest are kept

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trd.engines.packed import PackedLinear, onednn_available
 from trd.engines.spec import EngineSpec
 from trd.testing.tinymodels.build import save_random_checkpoint
 
@@ -48,3 +49,14 @@ def test_onednn_linear_is_refused_outside_float32_on_cpu(checkpoint: Path) -> No
         EngineSpec.of(checkpoint, dtype="float64", kv_tokens=64, cpu_linear="onednn")
     with pytest.raises(ValueError, match=r"engine.cpu_linear: 'mkl': expected one of"):
         EngineSpec.of(checkpoint, kv_tokens=64, cpu_linear="mkl")
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+@pytest.mark.parametrize("shape", [(1, 24), (2, 24), (3, 24), (5, 24), (2, 3, 24)])
+def test_packed_linear_pads_few_rows_and_keeps_the_shape(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(24, 40)
+    x = torch.randn(*shape)
+    got = PackedLinear(linear)(x)
+    assert got.shape == (*shape[:-1], 40)
+    torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)

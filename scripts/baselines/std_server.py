@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from aiohttp import web
 
-from trd.engines.spec import EngineSpec
+from trd.engines.spec import CPU_LINEARS, EngineSpec
 from trd.policies.base import normalized_entropy
 from trd.protocol import SamplingParams
 
@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV page = cache block")
     ap.add_argument("--no-prefix-cache", action="store_true", help="re-prefill every call")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cpu-linear", choices=CPU_LINEARS, default="torch",
+                    help="float32 linears: torch (BLAS) or onednn (packed)")  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     spec = EngineSpec.of(
@@ -129,6 +131,7 @@ def main() -> None:
         kv_tokens=args.kv_tokens,
         page_size=args.page_size,
         prefix_cache=not args.no_prefix_cache,
+        cpu_linear=args.cpu_linear,
     )
     engine = StdEngine(spec, profile=Profile())
     web.run_app(make_app(engine), host="127.0.0.1", port=args.port, print=None)

@@ -196,8 +196,9 @@ class Bench:
             self.costs[name] = calibrate(path, DTYPE, context, **ENGINE)
             c = self.costs[name]
             steps = ", ".join(f"b={b} {ms:.1f}" for b, ms in c["decode_ms"])
-            print(f"step cost {name}: {steps} ms; {c['gamma_ms']:.3f} ms per prefill token "
-                  f"(context {context})", flush=True)  # fmt: skip
+            prefill = "{} tokens {:.1f}".format(*c["prefill_ms"])
+            print(f"step cost {name}: {steps}, prefill {prefill} ms (context {context})",
+                  flush=True)  # fmt: skip
 
     async def run_official(self) -> None:
         paths = [self.models[m] for m in self.names]

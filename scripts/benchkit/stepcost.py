@@ -1,23 +1,27 @@
 """The batching bound: each model's step cost measured apart from the runs it judges.
 
 Before any system runs, each model's engine is loaded in this process (the daemon's
-engine code, dtype and thread count) and stepped on its own, with nothing else running:
-the fastest decode step at batch sizes `BATCHES` over a context of the run's typical
-length, and the fastest of three prefills, whose cost beyond a one-row step gives `gamma`,
-the cost of each token fed beyond a row's first (the fastest: a busy host only slows a
-step, and a slowed calibration would flatter the run). cost_m(b) interpolates them (and
-extends the last segment past the largest size). A daemon run's engines report the batch
-size of each of their latest steps and count steps, rows and tokens fed exactly, so the
-forward time engine m needed for the batches it ran is
+engine code, dtype, linears and thread count) and stepped on its own, with nothing else
+running: the fastest decode step at batch sizes `BATCHES` over a context of the run's
+typical length, and the fastest of three one-row prefills of `PREFILL` tokens (the
+fastest: a busy host only slows a step, and a slowed calibration would flatter the run).
+A step's linear layers, most of its cost, see one row per token fed, whether the tokens
+are one per request or a request's unseen suffix after a handoff; so cost_m(f), the cost
+of a step that fed f tokens, interpolates those points by tokens fed (and extends the
+last segment past the prefill). Pricing the suffix as extra prefill tokens on top of a
+one-row step instead would miss that a 2-token step can cost twice a 1-token one (BLAS
+takes a matrix-vector path for one row). A daemon run's engines report how many tokens
+each of their latest steps fed, and count steps exactly, so the forward time engine m
+needed for the steps it ran is
 
-    B_m = sum over its steps of cost_m(batch size) + gamma_m * (fed_m - rows_m)
+    B_m = sum over its steps of cost_m(tokens fed)
 
 and the run cannot be shorter than max_m B_m (engines in parallel) or sum_m B_m (one
 shared device). Fraction = B / wall: how close the run came to what its batches cost.
 Unlike the forward-only ceiling (`ceiling.py`), nothing here uses the run's own timings;
 the run contributes only what it scheduled. A run of more steps than the engines' window
-is scaled from the window's batch sizes. Left out: attention's growth with the context
-beyond the calibration's, and the routing policy's own work per step.
+is scaled from the window's steps. Left out: attention's growth with the context beyond
+the calibration's, and the routing policy's own work per step.
 """
 
 from __future__ import annotations
@@ -71,25 +75,25 @@ def _prefill_ms(engine: Engine) -> float:
 
 
 def calibrate(path: Path, dtype: str, context: int, **settings: Any) -> dict[str, Any]:
-    """One model's step costs, in ms: the decode step at each batch size, and gamma (per
-    token fed beyond a row's first)."""
+    """One model's step costs, in ms: the decode step at each batch size, and a prefill;
+    `points` prices a step by the tokens it fed."""
     kv_tokens = (max(BATCHES) + 1) * (context + DECODE_STEPS + PREFILL + 16)
     engine = Engine(EngineSpec.of(path, dtype=dtype, kv_tokens=kv_tokens, **settings))
     _decode_ms(engine, 1, context)  # warm-up
     points = [[b, _decode_ms(engine, b, context)] for b in BATCHES]
-    prefill = _prefill_ms(engine)
-    gamma = max(0.0, (prefill - points[0][1]) / (PREFILL - 1))
-    return {"decode_ms": points, "gamma_ms": gamma, "context": context,
-            "prefill_ms": [PREFILL, prefill]}  # fmt: skip
+    prefill = [PREFILL, _prefill_ms(engine)]
+    return {"decode_ms": points, "prefill_ms": prefill, "points": [*points, prefill],
+            "context": context}  # fmt: skip
 
 
-def step_ms(points: list[list[float]], batch: float) -> float:
-    """cost(batch) from the measured steps: linear between them, the last segment beyond."""
+def step_ms(points: list[list[float]], fed: float) -> float:
+    """cost(tokens fed) from the measured steps: linear between them, the last segment
+    beyond."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    if batch <= xs[-1]:
-        return float(np.interp(batch, xs, ys))
+    if fed <= xs[-1]:
+        return float(np.interp(fed, xs, ys))
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    return ys[-1] + slope * (batch - xs[-1])
+    return ys[-1] + slope * (fed - xs[-1])
 
 
 def batching_bound(
@@ -105,10 +109,9 @@ def batching_bound(
         prior = before.get(name, {})
         steps, rows, fed = (int(counter_delta(prior, body, k))
                             for k in ("steps", "rows", "tokens_fed"))  # fmt: skip
-        window = [int(b) for b, _ in body["window"]["latency"]][-steps:] if steps else []
-        c = costs[name]
-        decode = sum(step_ms(c["decode_ms"], b) for b in window) * steps / max(1, len(window))
-        need = 1e-3 * (decode + c["gamma_ms"] * (fed - rows))
+        window = [int(f) for f in body["window"]["fed"]][-steps:] if steps else []
+        points = costs[name]["points"]
+        need = 1e-3 * sum(step_ms(points, f) for f in window) * steps / max(1, len(window))
         models[name] = {"steps": steps, "rows": rows, "fed": fed, "need_s": need,
                         "sampled_steps": len(window)}  # fmt: skip
     needs = [m["need_s"] for m in models.values()]

@@ -92,11 +92,12 @@ def step_cost_table(costs: dict[str, Any]) -> list[str]:
     if not costs:
         return ["(no step costs in this run)"]
     sizes = [int(b) for b, _ in next(iter(costs.values()))["decode_ms"]]
+    prefill = int(next(iter(costs.values()))["prefill_ms"][0])
     lines = ["| model | context | " + " | ".join(f"decode b={b} ms" for b in sizes)
-             + " | ms per prefill token |", "|---|---|" + "---|" * (len(sizes) + 1)]  # fmt: skip
+             + f" | prefill {prefill} ms |", "|---|---|" + "---|" * (len(sizes) + 1)]  # fmt: skip
     for name, c in costs.items():
         cells = " | ".join(f"{ms:.1f}" for _, ms in c["decode_ms"])
-        lines.append(f"| {name} | {c['context']} | {cells} | {c['gamma_ms']:.2f} |")
+        lines.append(f"| {name} | {c['context']} | {cells} | {c['prefill_ms'][1]:.1f} |")
     return lines
 
 

@@ -1,7 +1,8 @@
 """Per-engine counters and sliding windows of live measurements.
 
 The windows feed the Markov threshold model: step latency per batch size, and per
-request-forward where the request went next and how many tokens were committed. The
+request-forward where the request went next and how many tokens were committed; `fed`
+holds each of those steps' tokens fed (the benchmark's batching bound prices a step by it). The
 counters never wrap into a window, so the difference of two snapshots is exact over any
 stretch, however long: steps, request-rows forwarded (`rows`), seconds in forwards
 (`busy_s`), rows whose candidate token was dropped (`dropped`: R-Stitch escalating),
@@ -31,6 +32,7 @@ class EngineStats:
     dropped: int = 0
     mask_s: float = 0.0  # seconds building and applying grammar masks (trd/engines/constrain)
     latency: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    fed: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
     routes: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     handoff_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
@@ -40,6 +42,7 @@ class EngineStats:
         self.busy_s += seconds
         self.tokens_fed += fed
         self.latency.append((batch_size, seconds))
+        self.fed.append(fed)
 
     def record_route(self, dst: int, committed: int) -> None:
         self.tokens_committed += committed
@@ -68,6 +71,7 @@ class EngineStats:
             else 0.0,
             "window": {
                 "latency": [[b, s] for b, s in self.latency],
+                "fed": list(self.fed),
                 "routes": [[d, c] for d, c in self.routes],
                 "handoff_s": list(self.handoff_s),
             },
