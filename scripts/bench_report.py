@@ -46,15 +46,16 @@ BOUND = [
 
 BATCHING = [
     "Before any system ran, each model's engine was stepped alone in the benchmark's",
-    "process (the daemon's engine code, dtype and threads): the fastest decode step at each",
-    "batch size below, and a prefill, whose cost beyond a one-row step is the cost per",
-    "extra token fed. A daemon run contributes only what it scheduled: the batch size of",
-    "each engine step and the tokens fed. Needed s = the sum over its steps of the",
-    "interpolated cost at that step's batch size, plus the extra tokens' cost; bound = the",
-    "busiest engine's (parallel) or the sum (shared); fraction = bound / wall. None of it",
-    "comes from the run's own timings (`scripts/benchkit/stepcost.py`). One request never",
-    "runs on both engines at once, so at N=1 the engines take turns and the sum (the",
-    "serial column) is the bound that applies there.",
+    "process (the daemon's engine code, dtype, linears and threads): the fastest decode",
+    "step at each batch size below, and a one-row prefill. A step's linears see one row",
+    "per token fed, so a step is priced by the tokens it fed (one per request, or a",
+    "request's unseen suffix after a handoff), interpolated between those points. A daemon",
+    "run contributes only what it scheduled: the tokens each engine step fed. Needed s =",
+    "the sum over its steps of that cost; bound = the busiest engine's (parallel) or the",
+    "sum (shared); fraction = bound / wall. None of it comes from the run's own timings",
+    "(`scripts/benchkit/stepcost.py`). One request never runs on both engines at once, so",
+    "at N=1 the engines take turns and the sum (the serial column) is the bound that",
+    "applies there.",
 ]
 
 SYSTEMS = {  # what each system is (the code), shown for the systems a run has
