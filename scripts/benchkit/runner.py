@@ -42,6 +42,7 @@ from benchkit.systems import (
     THREADS,
     Daemon,
     Server,
+    cpu_linear,
     daemon_config,
     start_daemon,
     start_std_servers,
@@ -192,8 +193,9 @@ class Bench:
         w = self.workload("short")
         prompts = self.prompts(w, self.plan.requests(self.top_n))
         context = round(sum(map(len, prompts)) / len(prompts) + w.max_tokens / 2)
+        linear = cpu_linear(self.models.values())
         for name, path in self.models.items():
-            self.costs[name] = calibrate(path, DTYPE, context, **ENGINE)
+            self.costs[name] = calibrate(path, DTYPE, context, **ENGINE, cpu_linear=linear)
             c = self.costs[name]
             steps = ", ".join(f"b={b} {ms:.1f}" for b, ms in c["decode_ms"])
             prefill = "{} tokens {:.1f}".format(*c["prefill_ms"])

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,21 @@ ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 DTYPE = "float32"  # every system serves both models in this dtype
 THREADS = 1  # torch threads per engine (and per standard server)
-# Float32 linears through oneDNN's packed kernels (`trd/engines/packed.py`): on this
-# project's 2-core host a decode step of 4-16 rows costs 2-2.5x less than through MKL,
-# where 2 rows already cost twice one. The standard servers get the same; the official
-# loop is transformers' own (`trd/testing/reference.py`), as research code runs it.
-CPU_LINEAR = "onednn"
-ENGINE = {"threads": THREADS, "max_batch_tokens": 2048, "cpu_linear": CPU_LINEAR}
+# Float32 linears through oneDNN's packed kernels (`trd/engines/packed.py`) for models of
+# hidden size ONEDNN_MIN_HIDDEN and up: on this project's 2-core host a decode step of the
+# Qwen2.5-Coder pair at 4-16 rows costs 2-2.5x less than through MKL, where 2 rows already
+# cost twice one. oneDNN's call costs 25-50 us, more than a whole matmul of the fixtures'
+# 64-wide layers (9 us through MKL), so they keep torch's. The standard servers get the
+# same; the official loop is transformers' own (`trd/testing/reference.py`), as research
+# code runs it.
+ONEDNN_MIN_HIDDEN = 512
+ENGINE = {"threads": THREADS, "max_batch_tokens": 2048}  # every daemon engine's settings
+
+
+def cpu_linear(models: Iterable[Path]) -> str:
+    """The engines' float32 linears for these models (`engine.cpu_linear`)."""
+    hidden = min(json.loads((p / "config.json").read_text())["hidden_size"] for p in models)
+    return "onednn" if hidden >= ONEDNN_MIN_HIDDEN else "torch"
 
 
 def free_port() -> int:
@@ -128,7 +138,7 @@ def daemon_config(
         "max_model_len": context,
         "models": [{"name": n, "path": str(p), "dtype": DTYPE} for n, p in models.items()],
         "policy": {"name": "rstitch", "threshold": tau},
-        "engine": {**ENGINE, **engine},
+        "engine": {**ENGINE, "cpu_linear": cpu_linear(models.values()), **engine},
         "shutdown": {"grace_s": 5},
         # One step of the 1.5B in float32 on one thread (a 2,048-token prefill chunk) can
         # outlast the 120 s default, which then reads the engine as hung.
@@ -149,10 +159,11 @@ def start_std_servers(
 ) -> dict[str, Server]:
     """One standard server per model, spawned together, each awaited healthy."""
     servers: dict[str, Server] = {}
+    linear = cpu_linear(models.values())
     for name, path in models.items():
         port = free_port()
         argv = [str(ROOT / "scripts/baselines/std_server.py"), "--model", str(path)]
-        argv += ["--port", str(port), "--kv-tokens", str(kv_tokens), "--cpu-linear", CPU_LINEAR]
+        argv += ["--port", str(port), "--kv-tokens", str(kv_tokens), "--cpu-linear", linear]
         argv += [] if prefix_cache else ["--no-prefix-cache"]
         servers[name] = spawn(f"{system}_{name}", argv, folder)
         servers[name].url = f"http://127.0.0.1:{port}"
