@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from trd.models.checkpoint import read_checkpoint
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 DTYPE = "float32"  # every system serves both models in this dtype
@@ -40,7 +42,7 @@ ENGINE = {"threads": THREADS, "max_batch_tokens": 2048}  # every daemon engine's
 
 def cpu_linear(models: Iterable[Path]) -> str:
     """The engines' float32 linears for these models (`engine.cpu_linear`)."""
-    hidden = min(json.loads((p / "config.json").read_text())["hidden_size"] for p in models)
+    hidden = min(read_checkpoint(p).config.hidden_size for p in models)
     return "onednn" if hidden >= ONEDNN_MIN_HIDDEN else "torch"
 
 
