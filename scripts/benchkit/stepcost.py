@@ -75,14 +75,12 @@ def _prefill_ms(engine: Engine) -> float:
 
 
 def calibrate(path: Path, dtype: str, context: int, **settings: Any) -> dict[str, Any]:
-    """One model's step costs, in ms: the decode step at each batch size, and a prefill;
-    `points` prices a step by the tokens it fed."""
+    """One model's step costs, in ms: the decode step at each batch size, and a prefill."""
     kv_tokens = (max(BATCHES) + 1) * (context + DECODE_STEPS + PREFILL + 16)
     engine = Engine(EngineSpec.of(path, dtype=dtype, kv_tokens=kv_tokens, **settings))
     _decode_ms(engine, 1, context)  # warm-up
     points = [[b, _decode_ms(engine, b, context)] for b in BATCHES]
-    prefill = [PREFILL, _prefill_ms(engine)]
-    return {"decode_ms": points, "prefill_ms": prefill, "points": [*points, prefill],
+    return {"decode_ms": points, "prefill_ms": [PREFILL, _prefill_ms(engine)],
             "context": context}  # fmt: skip
 
 
@@ -110,7 +108,7 @@ def batching_bound(
         steps, rows, fed = (int(counter_delta(prior, body, k))
                             for k in ("steps", "rows", "tokens_fed"))  # fmt: skip
         window = [int(f) for f in body["window"]["fed"]][-steps:] if steps else []
-        points = costs[name]["points"]
+        points = [*costs[name]["decode_ms"], costs[name]["prefill_ms"]]  # by tokens fed
         need = 1e-3 * sum(step_ms(points, f) for f in window) * steps / max(1, len(window))
         models[name] = {"steps": steps, "rows": rows, "fed": fed, "need_s": need,
                         "sampled_steps": len(window)}  # fmt: skip
