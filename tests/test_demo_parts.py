@@ -129,8 +129,19 @@ def test_a_refused_build_leaves_nothing_in_the_cache(
     (site / "trd_fake_part1" / "data" / "part01.bin").write_bytes(b"x" * 64)
     cache = tmp_path / "cache"
     with pytest.raises(PartsError, match=r"part01\.bin has sha256"):
-        qwen.ensure_model(FAKE, "fake-v1", cache)
+        qwen.ensure_model(FAKE, "fake-v1", 100, cache)
     assert [p.name for p in cache.iterdir()] == [".fake-v1.lock"]  # no folder, GGUF or temp
+
+
+def test_a_build_without_the_disk_it_needs_is_refused_before_it_starts(
+    site: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    with pytest.raises(qwen.NoSpaceError) as err:
+        qwen.ensure_model(FAKE, "fake-v1", 1 << 60, cache)  # an exabyte: no disk has it
+    assert str(err.value).startswith(f"fake model: building {cache / 'fake-v1'} needs ")
+    assert "GB are free. Free some space, or set TRD_CACHE_DIR" in str(err.value)
+    assert [p.name for p in cache.iterdir()] == [".fake-v1.lock"]  # nothing was joined
 
 
 def test_missing_parts_of_both_models_are_named_before_any_import(

