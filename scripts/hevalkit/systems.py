@@ -26,9 +26,13 @@ POLICIES = ("rstitch", "glimp", *HEADS)
 # (867 tokens, body prompt) is above 0.0755 / 0.046 / 0.017 / 0.002 at 10 / 20 / 30 / 50%
 # of them, but the 1.5B keeps the tokens after a handoff while it is unsure: at 0.025
 # the routed run's first window had 41.7% large tokens (about 1.4 times), hence higher.
+# glimp: the 0.5B's probe entropy (top-20, nats) at the start of each step (blank-line
+# separated) of its own body completions of all 164 problems: the steps it would hand
+# over hold 10 / 20 / 30 / 50% of the tokens at about 0.2 / 0.165 / 0.135 / 0.095
+# (237 steps, 13,293 tokens; at 0.7, the start used before, 0.2%).
 START_THRESHOLDS: dict[str, dict[float, float]] = {
     "rstitch": {0.1: 0.1, 0.2: 0.06, 0.3: 0.04, 0.5: 0.01},
-    "glimp": {0.1: 1.2, 0.2: 0.9, 0.3: 0.7, 0.5: 0.4},
+    "glimp": {0.1: 0.2, 0.2: 0.165, 0.3: 0.135, 0.5: 0.095},
 }
 
 
