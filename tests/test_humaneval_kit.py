@@ -9,14 +9,17 @@ import json
 from pathlib import Path
 
 import humaneval
+import numpy as np
 import pytest
 import torch
+from glimp_thresholds import steps_of, threshold_for
 from hevalkit import generate, problems, report, sandbox, stats
 from hevalkit.generate import Answer
 from hevalkit.nll import Scorer
 from openai.types.chat import ChatCompletion
 
 from trd.frontend.responses import Usage
+from trd.policies.steps import StepTable
 
 SHORT_S = 3.0  # wall-time limit for the sandbox cases that must be cut off
 
@@ -287,3 +290,20 @@ def test_nll_reuses_the_prompt_kv_and_equals_one_forward(tiny_models: dict[str, 
         assert scorer.nll(problem, completion) == pytest.approx(want, rel=1e-6)
     assert scorer._last_prompt is not None and scorer._last_prompt[0][0] == problem.task_id
     assert scorer.nll(problem, "") != scorer.nll(problem, "")  # NaN
+
+
+def test_glimp_steps_end_at_blank_lines_or_the_step_length() -> None:
+    # tokens: 0 = "a", 1 = "\n", 2 = "\n\n"; a blank line ends a step
+    table = StepTable.of(["a", "\n", "\n\n"])
+    assert steps_of(table, [0, 1, 1, 0, 2, 0, 0], step_tokens=512) == [(0, 3), (3, 2), (5, 2)]
+    assert steps_of(table, [0, 0, 0, 0, 0], step_tokens=2) == [(0, 2), (2, 2), (4, 1)]
+    assert steps_of(table, [0, 2], step_tokens=512) == [(0, 2)]  # no empty step at the end
+
+
+def test_glimp_threshold_hands_over_the_most_uncertain_steps_up_to_the_share() -> None:
+    entropies = np.array([0.5, 0.1, 0.3, 0.2])
+    lengths = np.array([10, 40, 20, 30])  # 100 tokens
+    assert threshold_for(entropies, lengths, 0.1) == 0.5  # the 0.5 step: 10%
+    assert threshold_for(entropies, lengths, 0.3) == 0.3  # and the 0.3 step: 30%
+    assert threshold_for(entropies, lengths, 0.45) == 0.3  # 60% would overshoot
+    assert threshold_for(entropies, lengths, 0.05) == 0.5  # even one step is more

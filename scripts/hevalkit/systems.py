@@ -27,12 +27,13 @@ POLICIES = ("rstitch", "glimp", *HEADS)
 # of them, but the 1.5B keeps the tokens after a handoff while it is unsure: at 0.025
 # the routed run's first window had 41.7% large tokens (about 1.4 times), hence higher.
 # glimp: the 0.5B's probe entropy (top-20, nats) at the start of each step (blank-line
-# separated) of its own body completions of all 164 problems: the steps it would hand
-# over hold 10 / 20 / 30 / 50% of the tokens at about 0.2 / 0.165 / 0.135 / 0.095
-# (237 steps, 13,293 tokens; at 0.7, the start used before, 0.2%).
+# separated) of its own body completions of all 164 problems (scripts/glimp_thresholds.py:
+# 237 steps, 13,293 tokens): the steps it would hand over hold 10 / 20 / 30 / 50% of the
+# tokens from 0.216 / 0.167 / 0.125 / 0.094 up (at 0.7, the start used before, 0.2%). The
+# 30% run of 2026-12-04 started from 0.135, an earlier version's figure (its JSON says so).
 START_THRESHOLDS: dict[str, dict[float, float]] = {
     "rstitch": {0.1: 0.1, 0.2: 0.06, 0.3: 0.04, 0.5: 0.01},
-    "glimp": {0.1: 0.2, 0.2: 0.165, 0.3: 0.135, 0.5: 0.095},
+    "glimp": {0.1: 0.216, 0.2: 0.167, 0.3: 0.125, 0.5: 0.094},
 }
 
 
