@@ -84,6 +84,12 @@ def test_table_says_which_targets_were_met() -> None:
         "- N=4: TTFT p50 (turn >= 2) 6.0x lower with the cache (target 5x: met); throughput "
         "3.00x (target 2x: met); hit rate 95% of perfect (target 90%: met)"
     )
+    # The fcfs daemon (an A/B of the schedule) is set against the default lpm one.
+    fcfs = agent_table({"runs": [runs[0], run("tokenrouterd_fcfs", 0.025, 200)]})[-1]
+    assert fcfs == (
+        "- N=4: TTFT p50 (turn >= 2) with lpm 2.50x lower than with fcfs; "
+        "hit rate 95% of perfect (target 90%: met)"
+    )
 
 
 def test_a_scaled_shape_keeps_the_prompts_and_cuts_turns_and_answers() -> None:
