@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from benchkit.agent import scaled_shape
-from benchkit.agent_run import KNOWN, SYSTEMS, AgentBench, agent_table
+from benchkit.agent_run import SYSTEMS, AgentBench, agent_table
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
 from benchkit.runner import Bench
@@ -70,7 +70,7 @@ def main() -> None:
         "--agent-systems",
         default=",".join(SYSTEMS),
         help="agent: the systems to run, of "
-        + ",".join(KNOWN)
+        + ",".join(SYSTEMS)
         + " (the first is the reference the others must equal)",
     )
     ap.add_argument(
@@ -78,9 +78,11 @@ def main() -> None:
         help="agent: conversations each of the N workers runs, one after the other",
     )  # fmt: skip
     args = ap.parse_args()
-    unknown = set(args.agent_systems.split(",")) - set(KNOWN)
+    unknown = set(args.agent_systems.split(",")) - set(SYSTEMS)
     if unknown:
-        ap.error(f"--agent-systems: unknown {', '.join(sorted(unknown))}; known: {','.join(KNOWN)}")
+        ap.error(
+            f"--agent-systems: unknown {', '.join(sorted(unknown))}; known: {','.join(SYSTEMS)}"
+        )
     torch.set_num_threads(1)  # the engines under test need the other cores
     pair = load_pair(args.pair, args.cache_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ so the conversations, the closed loop and `perfect_hits` are checked exactly.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 from benchkit.agent import (
@@ -84,12 +86,6 @@ def test_table_says_which_targets_were_met() -> None:
         "- N=4: TTFT p50 (turn >= 2) 6.0x lower with the cache (target 5x: met); throughput "
         "3.00x (target 2x: met); hit rate 95% of perfect (target 90%: met)"
     )
-    # The fcfs daemon (an A/B of the schedule) is set against the default lpm one.
-    fcfs = agent_table({"runs": [runs[0], run("tokenrouterd_fcfs", 0.025, 200)]})[-1]
-    assert fcfs == (
-        "- N=4: TTFT p50 (turn >= 2) with lpm 2.50x lower than with fcfs; "
-        "hit rate 95% of perfect (target 90%: met)"
-    )
 
 
 def test_a_scaled_shape_keeps_the_prompts_and_cuts_turns_and_answers() -> None:
@@ -98,3 +94,17 @@ def test_a_scaled_shape_keeps_the_prompts_and_cuts_turns_and_answers() -> None:
     assert (small.system_tokens, small.tool_tokens) == (full.system_tokens, full.tool_tokens)
     assert (small.turns, small.answer_tokens) == (3, 32)
     assert scaled_shape("demo", None, None) == full
+
+
+def test_an_unknown_agent_system_is_refused_by_name() -> None:
+    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    argv = [
+        sys.executable,
+        str(bench),
+        "--agent",
+        "--agent-systems",
+        "tokenrouterd,tokenrouterd_lpm",
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "--agent-systems: unknown tokenrouterd_lpm; known: official," in out.stderr

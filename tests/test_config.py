@@ -251,12 +251,11 @@ def test_check_prints_the_plan_and_bad_configs_exit_2(
     out = capsys.readouterr().out
     assert out.startswith("config OK: 2 models on cpu, policy rstitch, max_model_len 256")
     assert "KV tokens" in out and "small" in out and "large" in out
-    assert "prefix cache: small on, large on; schedule lpm" in out
+    assert "prefix cache: small on, large on" in out
     raw["models"][1]["prefix_cache"] = False
-    raw["engine"] = {**raw.get("engine", {}), "schedule": "fcfs"}
     good.write_text(yaml.safe_dump({**raw, "max_model_len": 256}))
     assert daemon_main(["--check", "--config", str(good)]) == 0
-    assert "prefix cache: small on, large off; schedule fcfs" in capsys.readouterr().out
+    assert "prefix cache: small on, large off" in capsys.readouterr().out
     specs = plan_deployment(load_config(good)).specs
     assert [s.settings.prefix_cache for s in specs] == [True, False]
     bad = tmp_path / "bad.yaml"

@@ -15,8 +15,8 @@ from trd.protocol import SamplingParams
 PS = 4
 
 
-def make(num_pages: int, budget: int = 64, schedule: str = "lpm") -> Scheduler:
-    settings = EngineSettings(max_batch_tokens=budget, max_batch_size=8, schedule=schedule)
+def make(num_pages: int) -> Scheduler:
+    settings = EngineSettings(max_batch_tokens=64, max_batch_size=8)
     return Scheduler(PrefixCache(num_pages, PS), settings, max_model_len=64)
 
 
@@ -130,34 +130,3 @@ def test_a_preempted_request_rematches_its_own_blocks() -> None:
     assert a.pages[:2] == [0, 1]
     cache = cache_of(sched)
     assert (cache.counters.queried_tokens, cache.counters.hit_tokens) == (9 + 10, 8)
-
-
-def test_lpm_lets_the_request_with_the_longest_cached_prefix_take_the_first_free_place() -> None:
-    # a finished conversation turn (blocks 0-3 cached), a decoding request that holds KV,
-    # then two newcomers: the older shares nothing, the newer continues the turn
-    for schedule, first in (("lpm", 3), ("fcfs", 2)):
-        sched = make(32, budget=24, schedule=schedule)
-        sched.finish(prefilled(sched, list(range(17))))
-        holder = prefilled(sched, list(range(50, 53)), rid=1)
-        fresh = req(2, list(range(100, 120)))
-        turn = req(3, [*range(17), 0, *range(200, 206)])  # 24 tokens, 16 of them cached
-        for r in (fresh, turn):
-            sched.add(r)
-        assert sched.order() == ([holder, turn, fresh] if first == 3 else [holder, fresh, turn])
-        fed = run(sched)
-        assert fed[0] == (1, 1)  # the holder keeps its place ahead of both
-        # the turn feeds only its 8 new tokens, the newcomer what the budget leaves
-        assert fed[1:] == ([(3, 8), (2, 15)] if first == 3 else [(2, 20), (3, 3)])
-
-
-def test_lpm_preempts_by_age_so_an_older_request_still_progresses() -> None:
-    sched = make(6, budget=64)
-    sched.finish(prefilled(sched, list(range(16))))  # blocks 0-3 cached
-    old = req(1, list(range(100, 117)))  # needs 5 pages, shares nothing
-    young = req(2, [*range(16), 1])  # 4 of its 5 blocks cached
-    sched.add(old)
-    sched.add(young)
-    assert sched.order() == [young, old]
-    assert run(sched) == [(2, 1)]  # the young one fits on its cached blocks; old waits
-    # next step the young one holds KV, so the older comes first again and preempts it
-    assert run(sched) == [(1, 17)] and sched.preemptions == 1

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"model {name!r} attention: {backend} ({why})")
         caches = [f"{m.name} {'on' if m.settings(cfg.engine).prefix_cache else 'off'}"
                   for m in cfg.models]  # fmt: skip
-        print(f"prefix cache: {', '.join(caches)}; schedule {cfg.engine.schedule}")
+        print(f"prefix cache: {', '.join(caches)}")
         for m in cfg.models:
             if m.remote is not None:
                 print(f"model {m.name!r} runs at {m.remote}: its host plans its own memory; "

@@ -3,7 +3,6 @@
     official              one turn at a time (the research loop): the reference outputs
     tokenrouterd          the daemon, each engine's prefix cache on (the default)
     tokenrouterd_nocache  the daemon with `engine.prefix_cache: false`
-    tokenrouterd_fcfs     the daemon with `engine.schedule: fcfs` (oldest first, not lpm)
     std                   standard servers with their prefix cache + the HTTP dispatcher
 
 At each N the same conversations run on every system; every turn's output ids and
@@ -45,13 +44,8 @@ from benchkit.systems import DTYPE, daemon_config, start_daemon, start_std_serve
 
 MODEL = "small+large"
 PAGE_SIZE = 16  # engine.page_size's default, and the standard server's
-DAEMONS: dict[str, dict[str, Any]] = {
-    "tokenrouterd": {},
-    "tokenrouterd_nocache": {"prefix_cache": False},
-    "tokenrouterd_fcfs": {"schedule": "fcfs"},
-}
-KNOWN = ("official", *DAEMONS, "std")
-SYSTEMS = tuple(s for s in KNOWN if s != "tokenrouterd_fcfs")  # a run's default
+DAEMONS = {"tokenrouterd": {}, "tokenrouterd_nocache": {"prefix_cache": False}}
+SYSTEMS = ("official", *DAEMONS, "std")
 
 
 def summarize(turns: list[list[Turn]], wall: float) -> dict[str, Any]:
@@ -231,10 +225,6 @@ def agent_table(result: dict[str, Any]) -> list[str]:
             ok = met(on["ttft_p50"] <= std["ttft_p50"])
             parts.append(f"TTFT {1e3 * on['ttft_p50']:.1f} ms vs standard serving's "
                          f"{1e3 * std['ttft_p50']:.1f} ms (target <=: {ok})")  # fmt: skip
-        fcfs = by.get(("tokenrouterd_fcfs", n))
-        if fcfs is not None:
-            parts.append(f"TTFT p50 (turn >= 2) with lpm {fcfs['ttft_p50'] / on['ttft_p50']:.2f}x "
-                         "lower than with fcfs")  # fmt: skip
         hit = on.get("hit_rate", {}).get("small", 0.0) / on["perfect_hit_rate"]
         parts.append(f"hit rate {hit:.0%} of perfect (target 90%: {met(hit >= 0.9)})")
         lines.append(f"- N={n}: " + "; ".join(parts))

@@ -15,15 +15,6 @@ own), and its kv_len jumps to their end. Its computed full blocks are offered to
 cache before each forward, when it leaves its pages and when it finishes, so what a
 request computed serves every later request with the same prefix. Eviction of
 unreferenced cached pages comes before preemption (they are part of `num_free`).
-
-Order (`engine.schedule`): fcfs takes requests oldest first. lpm (the default with the
-cache, SGLang's policy) keeps that order for requests that hold KV here, and lets the
-requests that hold none take their places in the order of their longest cached prefix
-(longest first, then oldest): a conversation's next turn, which finds the earlier turns
-cached, is not queued behind newcomers that must prefill everything. Preemption still
-goes by age, so older requests always progress. Over LPM_MAX_WAITING requests without
-KV it falls back to fcfs, where matching every one each step would cost more than the
-order gains (SGLang's cut-off too).
 """
 
 from __future__ import annotations
@@ -31,11 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trd.engines.pages import PageAllocator
-from trd.engines.prefix_cache import BlockKey, PrefixCache
+from trd.engines.prefix_cache import PrefixCache
 from trd.engines.request import Request, State
 from trd.engines.spec import EngineSettings
-
-LPM_MAX_WAITING = 128
 
 
 class RequestTooLarge(ValueError):
@@ -58,7 +47,6 @@ class Scheduler:
         self.max_batch_tokens = settings.max_batch_tokens
         self.max_batch_size = settings.max_batch_size
         self.max_model_len = max_model_len
-        self.lpm = self.cache is not None and settings.schedule == "lpm"
         self.requests: dict[int, Request] = {}  # every unfinished request this engine knows
         self.preemptions = 0
 
@@ -88,7 +76,7 @@ class Scheduler:
         batch: list[Scheduled] = []
         budget = self.max_batch_tokens
         in_batch: set[int] = set()
-        for req in self.order():
+        for req in sorted(self.runnable(), key=lambda r: r.arrival):
             if budget == 0 or len(batch) == self.max_batch_size:
                 break
             self.match(req)
@@ -101,28 +89,6 @@ class Scheduler:
             in_batch.add(req.rid)
             budget -= n
         return batch
-
-    def order(self) -> list[Request]:
-        """Runnable requests in the order they get the budget (see the module's text)."""
-        order = sorted(self.runnable(), key=lambda r: r.arrival)
-        waiting = [r for r in order if not r.pages]
-        if not self.lpm or not 1 < len(waiting) <= LPM_MAX_WAITING:
-            return order
-        by_prefix = iter(sorted(waiting, key=lambda r: (-self.cached_prefix(r), r.arrival)))
-        return [r if r.pages else next(by_prefix) for r in order]
-
-    def cached_prefix(self, req: Request) -> int:
-        """Blocks of the request's sequence that `match` would find cached now."""
-        assert self.cache is not None
-        return len(self.cache.match(self._usable_keys(self.cache, req)))
-
-    @staticmethod
-    def _usable_keys(cache: PrefixCache, req: Request) -> list[BlockKey]:
-        """Keys of the full blocks a match may take: at most len(seq) - 1 tokens."""
-        usable = (len(req.seq) - 1) // cache.page_size
-        if len(req.block_keys) < usable:
-            req.block_keys = cache.block_keys(req.seq, req.block_keys)
-        return req.block_keys[:usable]
 
     def _reserve(self, req: Request, num_tokens: int, in_batch: set[int]) -> bool:
         need = self.allocator.pages_for(num_tokens) - len(req.pages)
@@ -143,7 +109,10 @@ class Scheduler:
         if cache is None or req.pages or req.looked_up:
             return
         req.looked_up = True
-        hit = cache.match(self._usable_keys(cache, req))
+        usable = (len(req.seq) - 1) // cache.page_size
+        if len(req.block_keys) < usable:
+            req.block_keys = cache.block_keys(req.seq, req.block_keys)
+        hit = cache.match(req.block_keys[:usable])
         cache.acquire(hit)
         req.pages, req.cached_blocks = hit, len(hit)
         req.kv_len = len(hit) * cache.page_size

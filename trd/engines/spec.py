@@ -21,7 +21,6 @@ from trd.policies.params import PolicySpec
 
 CPU_LINEARS = ("torch", "onednn")  # how an engine runs its linear layers on CPU
 ATTENTION_BACKENDS = ("auto", "torch", "flashinfer")
-SCHEDULE_POLICIES = ("lpm", "fcfs")  # the order of requests that hold no KV in an engine
 # flashinfer's kernels exist for these only (its dtype maps have no float32/float64 entry).
 FLASHINFER_DTYPES = ("bfloat16", "float16")
 
@@ -98,12 +97,6 @@ class EngineSettings:
                              choices=ATTENTION_BACKENDS)  # fmt: skip
     prefix_cache: bool = setting(True, "keep full KV pages after a request and reuse them "
                                  "for any request with the same prefix")  # fmt: skip
-    schedule: str = setting(
-        "lpm",
-        "requests without KV here: lpm = longest cached prefix "
-        "first (SGLang's), fcfs = oldest first",
-        choices=SCHEDULE_POLICIES,
-    )
     pending_kv: bool = setting(True, "ablation: false frees a request's KV when it leaves")
     step_sync: bool = setting(False, "ablation: true puts a global barrier between steps")
     cuda_graphs: bool = setting(True, "on CUDA: replay captured graphs for steps that fit a bucket")
