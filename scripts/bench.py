@@ -78,7 +78,8 @@ def main() -> None:
         help="agent: conversations each of the N workers runs, one after the other",
     )  # fmt: skip
     args = ap.parse_args()
-    unknown = set(args.agent_systems.split(",")) - set(SYSTEMS)
+    systems = args.agent_systems.split(",")
+    unknown = set(systems) - set(SYSTEMS)
     if unknown:
         ap.error(
             f"--agent-systems: unknown {', '.join(sorted(unknown))}; known: {','.join(SYSTEMS)}"
@@ -93,7 +94,7 @@ def main() -> None:
         shape = scaled_shape(pair.name, args.agent_turns, args.agent_answer)
         agent = asyncio.run(
             AgentBench(pair, tau, logs, tuple(args.agent_n), shape, args.agent_per_worker).run_all(
-                args.agent_systems.split(",")
+                systems
             )
         )
         args.out.write_text(json.dumps(agent, indent=1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 import humaneval
@@ -18,8 +19,13 @@ from hevalkit.generate import Answer
 from hevalkit.nll import Scorer
 from openai.types.chat import ChatCompletion
 
+from trd.engines.request import Request
 from trd.frontend.responses import Usage
-from trd.policies.steps import StepTable
+from trd.policies.base import PolicyContext
+from trd.policies.factory import make_policy
+from trd.policies.params import PolicySpec
+from trd.policies.steps import StepTable, token_texts
+from trd.protocol import SamplingParams
 
 SHORT_S = 3.0  # wall-time limit for the sandbox cases that must be cut off
 
@@ -298,6 +304,26 @@ def test_glimp_steps_end_at_blank_lines_or_the_step_length() -> None:
     assert steps_of(table, [0, 1, 1, 0, 2, 0, 0], step_tokens=512) == [(0, 3), (3, 2), (5, 2)]
     assert steps_of(table, [0, 0, 0, 0, 0], step_tokens=2) == [(0, 2), (2, 2), (4, 1)]
     assert steps_of(table, [0, 2], step_tokens=512) == [(0, 2)]  # no empty step at the end
+
+
+def test_glimp_steps_are_the_policys_own(tiny_models: dict[str, Path]) -> None:
+    # steps_of re-states GlimpPolicy._scan's rule for whole completions: the starts it
+    # finds must be the step starts the policy walks through token by token
+    folder, nl = tiny_models["small"], 201  # 201 is "\n" in the fixture tokenizer
+    spec = PolicySpec("glimp", {"threshold": 1.0, "step_tokens": 4})
+    policy = make_policy(spec, PolicyContext(0, 2, torch.nn.Embedding(2048, 8), folder))
+    table = StepTable.of(token_texts(folder, 2048))
+    rng = random.Random(0)
+    for _ in range(50):
+        output = [rng.choice([7, 8, 9, nl]) for _ in range(rng.randrange(1, 20))]
+        req = Request(1, [5, 6], 2, SamplingParams(), 0.0)
+        walked = [0]
+        for token in output:
+            req.seq.append(token)
+            start = policy._scan(req).step_start  # type: ignore[attr-defined]
+            if start != walked[-1] and start < len(output):
+                walked.append(start)
+        assert [start for start, _ in steps_of(table, output, step_tokens=4)] == walked
 
 
 def test_glimp_threshold_hands_over_the_most_uncertain_steps_up_to_the_share() -> None:
