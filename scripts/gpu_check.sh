@@ -16,6 +16,7 @@
 #                tokens the shaped weights make; both engines MPS clients
 #   memory       one engine's process: NVML (nvidia-smi) against the memory plan
 #   throughput   the pair in engine processes, N = 1 and 16, graphs on and off
+#   suite        the suite's CUDA test files (gpucheck/suite.py), which skip without CUDA
 #
 # Usage: scripts/gpu_check.sh [--dry-run] OUT_DIR
 #   -> OUT_DIR/summary.txt (rewritten after every stage; first line PASS, FAIL: stages,

@@ -12,9 +12,10 @@ mkdir -p "$dest/whl" "$dest/cache"
 "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d "$dest/whl" \
+    --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d "$dest/whl" \
     flashinfer-python==0.6.18.post1 apache-tvm-ffi==0.1.15.post2 \
-    pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+    pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+    llguidance==1.9.1
 root=$(PYTHONPATH="$repo" "$python" -c \
     'from trd.testing.tinymodels.build import ensure_models; from trd.testing.tinymodels.cache import cache_root
 ensure_models(); print(cache_root())')

@@ -89,3 +89,19 @@ def test_both_commands_print_the_package_version(capsys: pytest.CaptureFixture[s
         assert done.value.code == 0
         assert capsys.readouterr().out == f"{prog} {version()}\n"
     assert version() == tomllib.loads(PYPROJECT.read_text())["project"]["version"]
+
+
+def test_a_checkout_run_without_installing_still_knows_its_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GPU check runs the daemon from the checkout (PYTHONPATH, no install): the first
+    device run found the daemon failing its `--version` (PackageNotFoundError) there."""
+    from importlib.metadata import PackageNotFoundError
+
+    import trd
+
+    def not_installed(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(trd, "_version", not_installed)
+    assert version() == tomllib.loads(PYPROJECT.read_text())["project"]["version"]

@@ -2,7 +2,7 @@
 
 Skipped, with the reason, on a host without a CUDA device; on a CUDA host a missing
 flashinfer is a failure (install the gpu extra), never a skip. scripts/gpu_check.sh runs
-this file and the rest of the GPU checks in one command.
+this file (its `suite` stage) and the rest of the GPU checks in one command.
 """
 
 from __future__ import annotations

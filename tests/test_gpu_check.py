@@ -63,12 +63,13 @@ def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
     tmp_path = finished.work
     text = (tmp_path / "out" / "summary.txt").read_text()
     assert finished.returncode == 0, text + finished.stderr[-3000:]
-    assert text.splitlines()[:2] == ["PASS: all 7 stages", "GPU check (dry run, CPU)"]
+    assert text.splitlines()[:2] == ["PASS: all 8 stages", "GPU check (dry run, CPU)"]
     results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert list(results) == list(STAGES)
     assert results["engines"]["graphs_on"]["replays"] > 0  # padded into the buckets
     assert results["mps"]["tokens_exact"] and len(results["mps"]["engines"]) == 2
     assert results["attention"]["head_dim_32_backend"] == "torch"
+    assert results["suite"]["passed"] > 0 and results["suite"]["failures"] == 0
 
 
 def test_the_first_line_says_how_far_a_run_got() -> None:
@@ -134,3 +135,26 @@ def test_the_routed_pair_writes_the_designed_tokens(mini_pair: list[Path], padde
         for n in pair.engines:
             graphs = n.engine.runner.graphs
             assert graphs is not None and graphs.used.total() > 5
+
+
+# What the device image's Python already holds of the package's dependencies (the
+# device's KINDS.md list, read 2026-11-17; the first device run, 2026-12-04, imported
+# them). gguf is only for `tokenrouterd import-gguf`, which the check never runs.
+ON_THE_DEVICE = {"torch", "numpy", "safetensors", "tokenizers", "pyyaml", "tqdm",
+                 "transformers", "scipy", "aiohttp", "uvloop", "prometheus-client",
+                 "nvidia-ml-py"}  # fmt: skip
+NOT_ON_THE_CHECKS_PATH = {"gguf"}
+
+
+def test_every_dependency_travels_or_is_on_the_device() -> None:
+    """llguidance (added for structured outputs) was a dependency that neither the device
+    nor the carried wheels had: every engine's import would have failed there. Found by
+    reading, just before the first device run."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0].lower() for d in deps}
+    prepare = (REPO / "scripts/gpu_check_prepare.sh").read_text()
+    carried = {m.lower() for m in re.findall(r"([A-Za-z0-9_.-]+)==[0-9]", prepare)}
+    assert names - ON_THE_DEVICE - NOT_ON_THE_CHECKS_PATH - carried == set()

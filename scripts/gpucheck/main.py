@@ -78,7 +78,8 @@ def module(name: str) -> list[str]:
     return [sys.executable, "-m", f"gpucheck.{name}", str(WORK / f"{name}.json")]
 
 
-STAGES = ("versions", "checkpoints", "attention", "engines", "mps", "memory", "throughput")
+STAGES = ("versions", "checkpoints", "attention", "engines", "mps", "memory", "throughput",
+          "suite")  # fmt: skip
 
 
 def main() -> int:
@@ -103,6 +104,7 @@ def main() -> int:
     run.step("mps", 120)
     run.step("memory", 60)
     run.step("throughput", 120)
+    run.step("suite", 150)
     run.save()
     failed = [k for k, v in run.results.items() if isinstance(v, dict) and not v.get("ok")]
     log(f"done: {'ALL PASS' if not failed else 'FAILED: ' + ', '.join(failed)}")

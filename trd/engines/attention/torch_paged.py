@@ -116,7 +116,7 @@ class TorchPagedAttention(AttentionBackend):
             kr, vr = kr.transpose(0, 1).unsqueeze(0), vr.transpose(0, 1).unsqueeze(0)
             if r.mask is None:  # one query: its heads of a group are the group's queries
                 o = F.scaled_dot_product_attention(q[r.tokens].view(1, kvh, -1, d), kr, vr)
-                out[r.tokens] = o.view(1, -1, d)
+                out[r.tokens] = o.reshape(1, -1, d)
                 continue
             qr = q[r.tokens].transpose(0, 1).unsqueeze(0)  # (1, H, n, D)
             o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=r.mask, enable_gqa=True)
@@ -135,4 +135,4 @@ class TorchPagedAttention(AttentionBackend):
         out = F.scaled_dot_product_attention(
             qd.view(bd, kvh, -1, d), kd, vd, attn_mask=p.decode_mask
         )
-        return out.view(bd, -1, d)
+        return out.reshape(bd, -1, d)
