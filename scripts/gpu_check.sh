@@ -4,14 +4,16 @@
 #
 #   versions     python, torch, CUDA, nvcc, ninja, flashinfer, driver, compute capability,
 #                the MPS binary and the driver it belongs to: what ran
-#   checkpoints  the shaped pair: Qwen3-0.6B and -8B shapes, 2 layers each (seconds)
+#   checkpoints  the shaped pair: Qwen3-0.6B and -8B shapes, and the demo pair's Qwen2.5
+#                0.5B and 1.5B shapes, 2 layers each (seconds)
 #   attention    flashinfer vs the torch backend on a float32 copy: decode, prefill,
 #                extend on existing KV, mixed, full last pages; heads (16,8,128),
 #                (32,8,128), (40,8,128), (28,4,128), (12,2,128), (14,2,64); head_dim 32
 #                gets torch.
 #                Compiles the two kernel modules used (head_dim 64, 128) at once; every
 #                later stage reuses them (one FLASHINFER_WORKSPACE_BASE)
-#   engines      one engine, graphs on vs off: token-exact, and the designed tokens
+#   engines      one engine, graphs on vs off: token-exact, and the designed tokens (the
+#                8B shape, then the demo pair's two Qwen2 shapes)
 #   mps          the routed pair through the daemon under MPS, token-exact against the
 #                tokens the shaped weights make; both engines MPS clients
 #   memory       one engine's process: NVML (nvidia-smi) against the memory plan

@@ -1,4 +1,5 @@
-"""Random-weight checkpoints with the exact shapes of Qwen3-0.6B and Qwen3-8B.
+"""Random-weight checkpoints with the exact shapes of Qwen3-0.6B and Qwen3-8B (and of the
+demo pair, Qwen2.5-0.5B and -1.5B: `--models qwen2.5-0.5b,qwen2.5-1.5b`).
 
     python scripts/make_shaped_checkpoints.py DEST [--models 0.6b,8b] [--device cuda]
                                               [--layers N]
@@ -58,9 +59,24 @@ class Shape:
     tied: bool
     head_dim: int = 128
     vocab: int = 151936
+    family: str = "qwen3"  # or "qwen2": q/k/v biases, no qk-norm (Qwen2.5, the demo pair)
 
     def config(self) -> dict[str, object]:
-        """Qwen3's config.json fields, with this shape (EOS: the shared tokenizer's)."""
+        """Qwen3's or Qwen2's config.json fields, with this shape (EOS: the shared
+        tokenizer's)."""
+        if self.family == "qwen2":
+            return {
+                "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": EOS_ID,
+                "hidden_act": "silu", "hidden_size": self.hidden, "initializer_range": 0.02,
+                "intermediate_size": self.intermediate, "max_position_embeddings": 32768,
+                "max_window_layers": self.layers, "num_attention_heads": self.heads,
+                "num_hidden_layers": self.layers, "num_key_value_heads": self.kv_heads,
+                "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
+                "sliding_window": None, "tie_word_embeddings": self.tied,
+                "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
+                "vocab_size": self.vocab,
+            }  # fmt: skip
         return {
             "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
             "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": None,
@@ -88,8 +104,13 @@ class Shape:
             yield p + "self_attn.k_proj.weight", (kv, h), 0.02
             yield p + "self_attn.v_proj.weight", (kv, h), 0.02
             yield p + "self_attn.o_proj.weight", (h, q), out_std
-            yield p + "self_attn.q_norm.weight", (self.head_dim,), 0.0
-            yield p + "self_attn.k_norm.weight", (self.head_dim,), 0.0
+            if self.family == "qwen2":
+                yield p + "self_attn.q_proj.bias", (q,), 0.02
+                yield p + "self_attn.k_proj.bias", (kv,), 0.02
+                yield p + "self_attn.v_proj.bias", (kv,), 0.02
+            else:
+                yield p + "self_attn.q_norm.weight", (self.head_dim,), 0.0
+                yield p + "self_attn.k_norm.weight", (self.head_dim,), 0.0
             yield p + "post_attention_layernorm.weight", (h,), 0.0
             yield p + "mlp.gate_proj.weight", (self.intermediate, h), 0.02
             yield p + "mlp.up_proj.weight", (self.intermediate, h), 0.02
@@ -103,7 +124,13 @@ class Shape:
 SHAPES = {
     "0.6b": Shape("qwen3-0.6b-shaped", 1024, 3072, 28, 16, 8, tied=True),
     "8b": Shape("qwen3-8b-shaped", 4096, 12288, 36, 32, 8, tied=False),
-}
+    # The demo pair's shapes (Qwen2.5-Coder-0.5B and -1.5B-Instruct). Both tie their LM
+    # head when published; the 1.5B here does not, so that it writes token + 1.
+    "qwen2.5-0.5b": Shape("qwen2.5-0.5b-shaped", 896, 4864, 24, 14, 2, tied=True,
+                          head_dim=64, family="qwen2"),
+    "qwen2.5-1.5b": Shape("qwen2.5-1.5b-shaped", 1536, 8960, 28, 12, 2, tied=False,
+                          family="qwen2"),
+}  # fmt: skip
 
 
 def make_tensor(name: str, shape: tuple[int, ...], std: float, dev: str) -> torch.Tensor:
@@ -150,7 +177,7 @@ def write_checkpoint(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("dest", type=Path)
-    ap.add_argument("--models", default="0.6b,8b", help="comma-separated: 0.6b, 8b")
+    ap.add_argument("--models", default="0.6b,8b", help=f"comma-separated: {', '.join(SHAPES)}")
     ap.add_argument("--device", default="cpu", help="where to draw the numbers (cpu, cuda)")
     ap.add_argument("--shard-mib", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=0, help="layers of each (0: published)")

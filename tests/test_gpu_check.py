@@ -67,6 +67,8 @@ def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
     results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert list(results) == list(STAGES)
     assert results["engines"]["graphs_on"]["replays"] > 0  # padded into the buckets
+    for qwen2 in ("qwen2-small", "qwen2-large"):  # the demo pair's architecture, biases on
+        assert results["engines"][qwen2]["as_designed"], results["engines"][qwen2]
     assert results["mps"]["tokens_exact"] and len(results["mps"]["engines"]) == 2
     assert results["attention"]["head_dim_32_backend"] == "torch"
     assert results["suite"]["passed"] > 0 and results["suite"]["failures"] == 0

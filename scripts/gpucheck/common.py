@@ -34,8 +34,15 @@ def tiny(shape: Shape) -> Shape:
 
 
 def shapes() -> dict[str, Shape]:
-    """small (entry) and large, as written by the checkpoints stage."""
-    chosen = {"small": SHAPES["0.6b"], "large": SHAPES["8b"]}
+    """small (entry) and large, the pair the routed stages serve, and qwen2-small and
+    qwen2-large, the demo pair's shapes (Qwen2: attention biases; the engines stage), as
+    written by the checkpoints stage."""
+    chosen = {
+        "small": SHAPES["0.6b"],
+        "large": SHAPES["8b"],
+        "qwen2-small": SHAPES["qwen2.5-0.5b"],
+        "qwen2-large": SHAPES["qwen2.5-1.5b"],
+    }
     chosen = {k: dataclasses.replace(s, layers=LAYERS) for k, s in chosen.items()}
     return {k: tiny(s) for k, s in chosen.items()} if DRY_RUN else chosen
 

@@ -8,6 +8,8 @@
    graph bucket), graphs on and off: the tokens must be equal, token for token (greedy,
    and the shaped weights leave margins far above bf16's rounding), and equal to the
    designed ones. A mismatch names the request and position.
+3. The same for the demo pair's shapes (Qwen2 with attention biases, head_dim 64 and
+   128): the 0.5B-shaped (tied: it repeats the current token) and the 1.5B-shaped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from typing import Any
 
 import torch
 
-from gpucheck.common import DEVICE, DRY_RUN, DTYPE, dump, first_mismatch, log, model_path
+from gpucheck.common import (
+    DEVICE,
+    DRY_RUN,
+    DTYPE,
+    dump,
+    first_mismatch,
+    log,
+    model_path,
+    shapes,
+)
 from trd.engines.engine import Engine
 from trd.engines.graphs import StepGraphs
 from trd.engines.spec import EngineSpec
@@ -34,9 +45,10 @@ def prompts() -> list[list[int]]:
             for i in range(6 if DRY_RUN else 16)]  # fmt: skip
 
 
-def designed(prompt: list[int], n: int) -> list[int]:
-    """The untied 8B-shaped head: each token is the previous one + 1."""
-    return [(prompt[-1] + k) % VOCAB_SIZE for k in range(1, n + 1)]
+def designed(prompt: list[int], n: int, step: int) -> list[int]:
+    """An untied shaped head (step 1) writes the previous token + 1, a tied one (step 0)
+    repeats it."""
+    return [(prompt[-1] + k * step) % VOCAB_SIZE for k in range(1, n + 1)]
 
 
 def refuses_float32() -> dict[str, Any]:
@@ -48,9 +60,9 @@ def refuses_float32() -> dict[str, Any]:
     return {"ok": False, "message": "a float32 engine on CUDA was accepted"}
 
 
-def generate(graphs: bool) -> tuple[list[list[int]], dict[str, Any]]:
+def generate(which: str, graphs: bool) -> tuple[list[list[int]], dict[str, Any]]:
     start = time.perf_counter()
-    spec = EngineSpec.of(model_path("large"), dtype=DTYPE, device=DEVICE, kv_tokens=16384,
+    spec = EngineSpec.of(model_path(which), dtype=DTYPE, device=DEVICE, kv_tokens=16384,
                          cuda_graphs=graphs)  # fmt: skip
     engine = Engine(spec)
     if DRY_RUN and graphs:  # the graphs' padding and buffers, run eagerly (no capture)
@@ -62,12 +74,28 @@ def generate(graphs: bool) -> tuple[list[list[int]], dict[str, Any]]:
             "run_s": round(time.perf_counter() - start - built, 2),
             "replays": g.used.total() if g else 0, "eager_steps": g.eager_steps if g else None,
             "pool_mib": round(g.capture_bytes / 2**20, 1) if g else None}  # fmt: skip
-    log(f"graphs {'on ' if graphs else 'off'}: {info}")
+    log(f"{which}, graphs {'on ' if graphs else 'off'}: {info}")
     del engine, g
     gc.collect()  # runner <-> graphs cycles hold the GPU memory
     if not DRY_RUN:
         torch.cuda.empty_cache()
     return tokens, info
+
+
+def check(which: str) -> dict[str, Any]:
+    """One model, graphs on and off: equal, as designed, and the graphs replayed."""
+    runs: dict[bool, list[list[int]]] = {}
+    result: dict[str, Any] = {}
+    for graphs in (True, False):
+        runs[graphs], result[f"graphs_{'on' if graphs else 'off'}"] = generate(which, graphs)
+    step = 0 if shapes()[which].tied else 1
+    want = [designed(p, PARAMS.max_tokens, step) for p in prompts()]
+    result["equal"] = runs[True] == runs[False]
+    result["mismatch"] = first_mismatch(runs[True], runs[False])
+    result["as_designed"] = runs[True] == want
+    result["design_mismatch"] = first_mismatch(runs[True], want)
+    used = result["graphs_on"]["replays"] > 0
+    return {"ok": result["equal"] and result["as_designed"] and used, **result}
 
 
 def main() -> None:
@@ -76,17 +104,12 @@ def main() -> None:
     if not DRY_RUN:
         result["float32_refused"] = refuses_float32()
         ok = result["float32_refused"]["ok"]
-    runs = {}
-    for graphs in (True, False):
-        runs[graphs], result[f"graphs_{'on' if graphs else 'off'}"] = generate(graphs)
-    want = [designed(p, PARAMS.max_tokens) for p in prompts()]
-    result["equal"] = runs[True] == runs[False]
-    result["mismatch"] = first_mismatch(runs[True], runs[False])
-    result["as_designed"] = runs[True] == want
-    result["design_mismatch"] = first_mismatch(runs[True], want)
-    used = result["graphs_on"]["replays"] > 0
-    dump(sys.argv[1], {"ok": ok and result["equal"] and result["as_designed"] and used,
-                       **result})  # fmt: skip
+    result |= check("large")
+    ok = ok and result["ok"]
+    for which in ("qwen2-small", "qwen2-large"):
+        result[which] = check(which)
+        ok = ok and result[which]["ok"]
+    dump(sys.argv[1], {**result, "ok": ok})
 
 
 if __name__ == "__main__":

@@ -58,9 +58,10 @@ def _details(name: str, r: dict[str, Any]) -> list[str]:
     keys = {
         "checkpoints": ("models",),
         "engines": ("float32_refused", "equal", "mismatch", "as_designed", "design_mismatch",
-                    "graphs_on", "graphs_off"),
+                    "graphs_on", "graphs_off", "qwen2-small", "qwen2-large"),
         "mps": ("control", "tokens_exact", "mismatch", "engines", "mps_clients", "seen",
                 "daemon_exit", "mps_dir_removed"),
+        "suite": ("passed", "failures", "errors", "skipped"),
         "memory": ("nvml_mib", "planned_mib", "nvml_within_plan", "pool_mib",
                    "planned_graphs_mib", "pool_within_plan", "reserved_mib",
                    "outside_torch_mib", "planned_outside_mib", "dry_run"),
