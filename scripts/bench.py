@@ -51,6 +51,7 @@ from benchkit.agent_run import SYSTEMS, AgentBench, agent_table
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
 from benchkit.runner import Bench
+from benchkit.systems import ENGINE
 
 
 def main() -> None:
@@ -77,6 +78,11 @@ def main() -> None:
         "--agent-per-worker", type=int, default=2,
         help="agent: conversations each of the N workers runs, one after the other",
     )  # fmt: skip
+    ap.add_argument(
+        "--agent-max-batch-tokens", type=int, default=ENGINE["max_batch_tokens"],
+        help="agent: tokens one engine step feeds at most, in every system (daemon and "
+             "standard servers alike)",
+    )  # fmt: skip
     args = ap.parse_args()
     systems = args.agent_systems.split(",")
     unknown = set(systems) - set(SYSTEMS)
@@ -84,6 +90,8 @@ def main() -> None:
         ap.error(
             f"--agent-systems: unknown {', '.join(sorted(unknown))}; known: {','.join(SYSTEMS)}"
         )
+    if args.agent_max_batch_tokens < 1:
+        ap.error(f"--agent-max-batch-tokens: {args.agent_max_batch_tokens} is below 1")
     torch.set_num_threads(1)  # the engines under test need the other cores
     pair = load_pair(args.pair, args.cache_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -93,9 +101,15 @@ def main() -> None:
     if args.agent:
         shape = scaled_shape(pair.name, args.agent_turns, args.agent_answer)
         agent = asyncio.run(
-            AgentBench(pair, tau, logs, tuple(args.agent_n), shape, args.agent_per_worker).run_all(
-                systems
-            )
+            AgentBench(
+                pair,
+                tau,
+                logs,
+                tuple(args.agent_n),
+                shape,
+                args.agent_per_worker,
+                args.agent_max_batch_tokens,
+            ).run_all(systems)
         )
         args.out.write_text(json.dumps(agent, indent=1))
         print("\n".join(agent_table(agent)))

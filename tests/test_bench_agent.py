@@ -108,3 +108,26 @@ def test_an_unknown_agent_system_is_refused_by_name() -> None:
     out = subprocess.run(argv, capture_output=True, text=True)
     assert out.returncode == 2
     assert "--agent-systems: unknown tokenrouterd_lpm; known: official," in out.stderr
+
+
+def test_standard_servers_step_as_many_tokens_as_the_daemon(
+    tiny_models: dict[str, Path],
+) -> None:
+    """Like for like: the standard servers ran the engine default (1,024 tokens a step)
+    against the daemon's 2,048 until 2026-12-04, which shortened their prefill steps."""
+    from benchkit.systems import ENGINE, daemon_config, std_argv
+
+    daemon = daemon_config({"m": tiny_models["small"]}, 0.1, {}, 1024, 512)["engine"]
+    argv = std_argv(Path("/m"), 9, True, 1024, "torch", ENGINE["max_batch_tokens"])
+    given = dict(zip(argv[1::2], argv[2::2], strict=False))
+    assert int(given["--max-batch-tokens"]) == daemon["max_batch_tokens"]
+    assert int(given["--threads"]) == daemon["threads"]
+    assert "--no-prefix-cache" in std_argv(Path("/m"), 9, False, 1024, "torch", 64)
+
+
+def test_a_step_of_no_tokens_is_refused_by_name() -> None:
+    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    argv = [sys.executable, str(bench), "--agent", "--agent-max-batch-tokens", "0"]
+    out = subprocess.run(argv, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "--agent-max-batch-tokens: 0 is below 1" in out.stderr

@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV page = cache block")
     ap.add_argument("--no-prefix-cache", action="store_true", help="re-prefill every call")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--max-batch-tokens", type=int, default=1024,
+                    help="tokens one forward feeds at most (the engines' setting)")  # fmt: skip
     ap.add_argument("--cpu-linear", choices=CPU_LINEARS, default="torch",
                     help="float32 linears: torch (BLAS) or onednn (packed)")  # fmt: skip
     args = ap.parse_args()
@@ -132,6 +134,7 @@ def main() -> None:
         page_size=args.page_size,
         prefix_cache=not args.no_prefix_cache,
         cpu_linear=args.cpu_linear,
+        max_batch_tokens=args.max_batch_tokens,
     )
     engine = StdEngine(spec, profile=Profile())
     web.run_app(make_app(engine), host="127.0.0.1", port=args.port, print=None)

@@ -40,7 +40,7 @@ from benchkit.agent import (
 )
 from benchkit.client import OpenAIClient, Record
 from benchkit.pairs import Pair
-from benchkit.systems import DTYPE, daemon_config, start_daemon, start_std_servers
+from benchkit.systems import DTYPE, ENGINE, daemon_config, start_daemon, start_std_servers
 
 MODEL = "small+large"
 PAGE_SIZE = 16  # engine.page_size's default, and the standard server's
@@ -70,8 +70,10 @@ class AgentBench:
         ns: tuple[int, ...] = (4, 16),
         shape: AgentShape | None = None,
         per_worker: int = 2,
+        max_batch_tokens: int = ENGINE["max_batch_tokens"],
     ):
         self.pair, self.tau, self.logs, self.ns = pair, tau, logs, ns
+        self.max_batch_tokens = max_batch_tokens  # every system's engines
         self.shape, self.per_worker = shape or SHAPES[pair.name], per_worker
         # Each N runs conversations of its own (per_worker each, one after the other: the
         # next starts while the others are under way), and one more warms up.
@@ -101,6 +103,7 @@ class AgentBench:
             if "std" in systems:
                 await self.run_std(session)
         return {"shape": asdict(self.shape), "page_size": PAGE_SIZE, "tau": self.tau,
+                "max_batch_tokens": self.max_batch_tokens,
                 "total_s": time.perf_counter() - started, "runs": self.runs}  # fmt: skip
 
     def record(self, system: str, n: int, turns: list[list[Turn]], wall: float) -> dict[str, Any]:
@@ -144,6 +147,7 @@ class AgentBench:
     async def run_daemon(
         self, session: aiohttp.ClientSession, name: str, engine: dict[str, Any]
     ) -> None:
+        engine = {"max_batch_tokens": self.max_batch_tokens, **engine}
         cfg = daemon_config(self.pair.models, self.tau, engine, self.kv_tokens, self.context)
         d = start_daemon(name, cfg, self.logs)
         send = OpenAIClient(session, d.server.url, MODEL).send
@@ -159,7 +163,9 @@ class AgentBench:
             d.server.stop()
 
     async def run_std(self, session: aiohttp.ClientSession) -> None:
-        servers = start_std_servers("std", self.pair.models, self.logs, True, self.kv_tokens)
+        servers = start_std_servers(
+            "std", self.pair.models, self.logs, True, self.kv_tokens, self.max_batch_tokens
+        )
         try:
             urls = [servers[m].url for m in self.pair.models]
             send = Dispatcher(session, urls, list(self.pair.models), self.tau).send
