@@ -71,7 +71,8 @@ def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
         assert results["engines"][qwen2]["as_designed"], results["engines"][qwen2]
     assert results["mps"]["tokens_exact"] and len(results["mps"]["engines"]) == 2
     assert results["attention"]["head_dim_32_backend"] == "torch"
-    assert results["suite"]["passed"] > 0 and results["suite"]["failures"] == 0
+    suite = results["suite"]  # test_flashinfer.py alone, every test skipped on the CPU
+    assert suite["tests"] == suite["skipped"] > 0 and suite["failures"] == suite["errors"] == 0
 
 
 def test_the_first_line_says_how_far_a_run_got() -> None:
