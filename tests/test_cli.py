@@ -95,7 +95,8 @@ def test_a_checkout_run_without_installing_still_knows_its_version(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The GPU check runs the daemon from the checkout (PYTHONPATH, no install): the first
-    device run found the daemon failing its `--version` (PackageNotFoundError) there."""
+    device run found the daemon failing to start there: building its `--version` text raised
+    PackageNotFoundError."""
     from importlib.metadata import PackageNotFoundError
 
     import trd
