@@ -154,7 +154,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     if not todo:
         return
     by_id = {p.task_id: p for p in problems.load_problems()}
-    scorer = Scorer(args.large)
+    scorer = Scorer(args.large, threads=args.threads)
     started = time.perf_counter()
     for done, (task_id, answers) in enumerate(sorted(todo.items()), 1):
         for answer, style in answers:
@@ -187,6 +187,8 @@ def main() -> None:
     score = sub.add_parser("score", help="add each completion's NLL under the large model")
     score.add_argument("--out", type=Path, required=True)
     score.add_argument("--large", type=Path, required=True, help="the large model's folder")
+    score.add_argument("--threads", type=int, default=1,
+                       help="torch threads (1 when a daemon shares the CPU)")  # fmt: skip
     rep = sub.add_parser("report", help="tables, bootstrap intervals and plots")
     rep.add_argument("--out", type=Path, required=True)
     rep.add_argument("--doc-dir", type=Path, required=True)
