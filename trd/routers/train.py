@@ -14,12 +14,13 @@ pair refuses them) and the threshold chosen for it (used when the config gives n
 OUT/training.json with every count, wall and CPU time per phase. Serve one with
 `policy: {name: r2r, head: OUT/r2r.safetensors}`.
 How long: the demo pair (Qwen2.5-Coder-0.5B + 1.5B-Instruct, bfloat16), 96 code prompts x
-64 tokens, 128 r2r continuations, 2 threads: 852 CPU seconds in all, i.e. about 7 minutes
-of 2 cores (the 1.5B answers 465 CPU s, the 0.5B teacher-forced 156, 132 continuations
-162, the heads 63, loading 7). Measured on a 2-core machine that other jobs kept at load
-average 7-9, where it took 29 minutes of wall time (training.json keeps both). The
-large model's forwards are most of it: the time grows with --num-prompts, --max-tokens and
---continuations. The fixture pair, 64 corpus prompts: seconds.
+64 tokens, 128 r2r continuations, 2 threads: 194 s of wall time and 374 CPU seconds on
+a quiet 2-core machine (2026-12-04: the 1.5B answers 104 s, the 0.5B teacher-forced 50,
+132 continuations 30, the heads 5, loading 4). On one that other jobs kept at load
+average 7-9 it took 852 CPU seconds and 29 minutes of wall time (training.json keeps
+wall and CPU time per phase). The large model's forwards are most of it: the time grows
+with --num-prompts, --max-tokens and --continuations. The fixture pair, 64 corpus
+prompts: seconds.
 
 Data (trd/routers/data.py): the large model answers the training prompts (greedy, our
 Engine, all prompts in one batch, the pair's stored dtype) and gives its top-20
