@@ -18,6 +18,7 @@ from typing import Any
 from make_shaped_checkpoints import SHAPES, Shape
 
 START = time.monotonic()
+REPO = Path(__file__).resolve().parents[2]  # the checkout the check runs from
 # Where the stages put their results and the shaped checkpoints (set by gpu_check.sh).
 WORK = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu_check"))
 DRY_RUN = os.environ.get("GPU_CHECK_DRY_RUN") == "1"

@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpucheck.common import DRY_RUN, WORK, dump, log
+from gpucheck.common import DRY_RUN, REPO, WORK, dump, log
 from gpucheck.summary import summary
 
-REPO = Path(__file__).resolve().parents[2]
 NO_DEVICE = 3
 
 

@@ -34,11 +34,19 @@ from typing import Any
 import psutil
 import yaml
 
-from gpucheck.common import DEVICE, DRY_RUN, DTYPE, dump, first_mismatch, log, model_path
+from gpucheck.common import (
+    DEVICE,
+    DRY_RUN,
+    DTYPE,
+    REPO,
+    dump,
+    first_mismatch,
+    log,
+    model_path,
+)
 from gpucheck.routing import SCHEDULE, expected_tokens, jobs
 from trd.protocol import SamplingParams
 
-REPO = Path(__file__).resolve().parents[2]
 CANDIDATES = ["/usr/local/nvidia/bin", "/usr/bin", "/usr/sbin", "/usr/local/bin",
               str(REPO / ".gpu/mps/root/usr/bin")]  # fmt: skip
 

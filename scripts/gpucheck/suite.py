@@ -19,9 +19,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from gpucheck.common import DRY_RUN, WORK, dump, log
+from gpucheck.common import DRY_RUN, REPO, WORK, dump, log
 
-REPO = Path(__file__).resolve().parents[2]
 # Every test file that takes the CUDA path: real kernels and graphs (test_flashinfer),
 # backend choice, the torch backend, the step timer, plan ordering, workspace, config.
 CUDA_TESTS = ["tests/test_flashinfer.py", "tests/test_attention_backends.py",
