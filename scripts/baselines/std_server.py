@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from aiohttp import web
 
-from trd.engines.spec import CPU_LINEARS, EngineSpec
+from trd.engines.spec import CPU_LINEARS, EngineSettings, EngineSpec
 from trd.policies.base import normalized_entropy
 from trd.protocol import SamplingParams
 
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV page = cache block")
     ap.add_argument("--no-prefix-cache", action="store_true", help="re-prefill every call")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-batch-tokens", type=int, default=1024,
+    ap.add_argument("--max-batch-tokens", type=int, default=EngineSettings().max_batch_tokens,
                     help="tokens one forward feeds at most (the engines' setting)")  # fmt: skip
     ap.add_argument("--cpu-linear", choices=CPU_LINEARS, default="torch",
                     help="float32 linears: torch (BLAS) or onednn (packed)")  # fmt: skip
