@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from benchkit.agent import scaled_shape
-from benchkit.agent_run import SYSTEMS, AgentBench, agent_table
+from benchkit.agent_run import SYSTEMS, AgentBench, agent_table, read_pace
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
 from benchkit.runner import Bench
@@ -83,6 +83,11 @@ def main() -> None:
         help="agent: tokens one engine step feeds at most, in every system (daemon and "
              "standard servers alike)",
     )  # fmt: skip
+    ap.add_argument(
+        "--agent-pace", type=Path, metavar="JSON",
+        help="agent: send no turn before standard serving sent it in this earlier agent run "
+             "(same N), so each system meets the same offered load, not a closed loop's own",
+    )  # fmt: skip
     args = ap.parse_args()
     systems = args.agent_systems.split(",")
     unknown = set(systems) - set(SYSTEMS)
@@ -90,6 +95,9 @@ def main() -> None:
         ap.error(
             f"--agent-systems: unknown {', '.join(sorted(unknown))}; known: {','.join(SYSTEMS)}"
         )
+    pace = read_pace(args.agent_pace) if args.agent_pace else None
+    if args.agent_pace and not pace:
+        ap.error(f"--agent-pace: {args.agent_pace} holds no standard-serving run with a turn log")
     if args.agent_max_batch_tokens < 1:
         ap.error(f"--agent-max-batch-tokens: {args.agent_max_batch_tokens} is below 1")
     torch.set_num_threads(1)  # the engines under test need the other cores
@@ -109,6 +117,7 @@ def main() -> None:
                 shape,
                 args.agent_per_worker,
                 args.agent_max_batch_tokens,
+                pace,
             ).run_all(systems)
         )
         args.out.write_text(json.dumps(agent, indent=1))

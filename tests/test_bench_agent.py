@@ -7,6 +7,7 @@ so the conversations, the closed loop and `perfect_hits` are checked exactly.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from benchkit.agent import (
     perfect_hits,
     scaled_shape,
 )
-from benchkit.agent_run import agent_table
+from benchkit.agent_run import agent_table, read_pace, turn_log
 from benchkit.client import Record
 
 SHAPE = AgentShape(turns=3, system_tokens=40, tool_tokens=12, answer_tokens=5)
@@ -64,6 +65,55 @@ def test_perfect_hits_count_whole_blocks_seen_before(tiny_models: dict[str, Path
     assert hits == (7 + 9) * 8 + (5 + 7 + 9) * 8
 
 
+def test_turn_log_says_when_each_turn_was_sent_and_who_made_its_first_token(
+    tiny_models: dict[str, Path],
+) -> None:
+    async def large_first(prompt: list[int], max_tokens: int) -> Record:
+        out = prompt[:max_tokens]
+        return Record(prompt, 0.25, 0.5, out, ["large"] + ["small"] * (len(out) - 1))
+
+    convs = conversations(tiny_models["small"], SHAPE, 2)
+    turns, _ = asyncio.run(closed_loop_conversations(large_first, convs, SHAPE.answer_tokens, 2))
+    log = turn_log([t for conv in turns for t in conv])
+    assert len(log) == 6 and log[0]["sent_s"] == 0.0
+    assert [e["sent_s"] for e in log] == sorted(e["sent_s"] for e in log)
+    assert sorted((e["conv"], e["turn"]) for e in log) == [
+        (c, t) for c in (0, 1) for t in (0, 1, 2)
+    ]
+    first = log[0]
+    assert (first["ttft_s"], first["latency_s"], first["first"]) == (0.25, 0.5, "large")
+    assert first["prompt"] == 52 and first["tokens_per_model"] == {"large": 1, "small": 4}
+
+
+def test_a_paced_turn_waits_for_its_time_and_for_its_previous_answer(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    convs = conversations(tiny_models["small"], SHAPE, 2)
+    pace = {(1, 0): 0.3, (0, 2): 0.2}  # conversation 1 starts late; 0's last turn waits
+    turns, _ = asyncio.run(closed_loop_conversations(echo, convs, SHAPE.answer_tokens, 2, pace))
+    start = min(t.sent for conv in turns for t in conv)
+    sent = {(t.conv, t.index): t.sent - start for conv in turns for t in conv}
+    assert sent[(1, 0)] >= 0.3 and sent[(0, 2)] >= 0.2
+    assert sent[(0, 0)] < 0.1 and sent[(1, 1)] > sent[(1, 0)]
+    # An earlier run's standard-serving arrivals, read back per N.
+    log = [{"conv": c, "turn": t, "sent_s": s} for (c, t), s in sent.items()]
+    runs = [{"system": "tokenrouterd", "n": 2, "turn_log": []},
+            {"system": "std", "n": 2, "turn_log": log}]  # fmt: skip
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"runs": runs}))
+    assert read_pace(path) == {2: sent}
+
+
+def test_a_pace_file_without_standard_serving_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"runs": [{"system": "tokenrouterd", "n": 4, "turn_log": []}]}))
+    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    argv = [sys.executable, str(bench), "--agent", "--agent-pace", str(path)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert f"--agent-pace: {path} holds no standard-serving run with a turn log" in out.stderr
+
+
 def test_table_says_which_targets_were_met() -> None:
     def run(system: str, ttft: float, tput: float, hit: float | None = None) -> dict:
         r = {"system": system, "n": 4, "ttft_p50": ttft, "ttft_p99": ttft, "ttft1_p50": ttft,
@@ -80,6 +130,11 @@ def test_table_says_which_targets_were_met() -> None:
         "- N=4: TTFT p50 (turn >= 2) 6.0x lower with the cache (target 5x: met); throughput "
         "3.00x (target 2x: met); TTFT 10.0 ms vs standard serving's 20.0 ms (target <=: met); "
         "hit rate 95% of perfect (target 90%: met)"
+    )
+    # Without the entry engine's hit rate the target is not judged (was: 0%, missed).
+    bare = [{k: v for k, v in runs[0].items() if k != "hit_rate"}]
+    assert agent_table({"runs": bare})[-1].endswith(
+        "hit rate not measured (target 90%: not judged)"
     )
     # A run without standard serving (--agent-systems) judges what it has.
     assert agent_table({"runs": runs[:2]})[-1] == (

@@ -32,6 +32,8 @@ class Profile:
         self.calls = 0
         self.prompt_tokens = 0  # tokens the callers sent
         self.cached_tokens = 0  # of those, served from the prefix cache
+        self.forwards = 0  # batches run
+        self.fed_tokens = 0  # tokens those batches fed (the uncached suffixes)
 
     @contextmanager
     def time(self, phase: str) -> Iterator[None]:
@@ -46,6 +48,8 @@ class Profile:
             "calls": self.calls,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "forwards": self.forwards,
+            "fed_tokens": self.fed_tokens,
             "seconds": dict(self.seconds),
             "shares": shares(self.seconds),
         }
@@ -59,5 +63,6 @@ def shares(seconds: Mapping[str, float]) -> dict[str, float]:
 def delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
     """The profile of what happened between two snapshots of one server."""
     seconds = {k: after["seconds"][k] - before["seconds"].get(k, 0.0) for k in after["seconds"]}
-    counts = {k: after[k] - before[k] for k in ("calls", "prompt_tokens", "cached_tokens")}
+    keys = ("calls", "prompt_tokens", "cached_tokens", "forwards", "fed_tokens")
+    counts = {k: after[k] - before[k] for k in keys}
     return {**counts, "seconds": seconds, "shares": shares(seconds)}

@@ -89,6 +89,8 @@ class Server:
                 result = self.engine.forward()
                 entropies = normalized_entropy(result.forward.logits).tolist() if result else []
             if result is not None:
+                self.profile.forwards += 1
+                self.profile.fed_tokens += result.fed
                 for req, token, h in zip(result.requests, result.tokens, entropies, strict=True):
                     self.engine.commit(req, [token])
                     fut = self.waiters.pop(req.rid)

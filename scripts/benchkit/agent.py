@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,10 +98,19 @@ def conversations(
     ]
 
 
-async def run_conversation(send: Send, c: int, conv: Conversation, max_tokens: int) -> list[Turn]:
+# (conversation, turn) -> seconds after the run's start before which the turn is not sent
+Pace = Mapping[tuple[int, int], float]
+
+
+async def run_conversation(
+    send: Send, c: int, conv: Conversation, max_tokens: int, start: float, pace: Pace
+) -> list[Turn]:
     seq, turns = list(conv.system), []
     for t, tool in enumerate(conv.tools):
         prompt = seq + tool
+        wait = start + pace.get((c, t), 0.0) - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
         sent = time.perf_counter()
         record = await send(prompt, max_tokens)
         turns.append(Turn(c, t, sent, record))
@@ -110,15 +119,17 @@ async def run_conversation(send: Send, c: int, conv: Conversation, max_tokens: i
 
 
 async def closed_loop_conversations(
-    send: Send, convs: Sequence[Conversation], max_tokens: int, n: int
+    send: Send, convs: Sequence[Conversation], max_tokens: int, n: int, pace: Pace | None = None
 ) -> tuple[list[list[Turn]], float]:
-    """Every conversation with `n` in flight; (turns of each, in order), wall seconds."""
+    """Every conversation with `n` in flight; (turns of each, in order), wall seconds. With
+    `pace` (conversations numbered from 0 here) a turn also waits for its time in it: the
+    arrivals of another run replayed, so two systems meet the same offered load."""
     out: list[list[Turn]] = [[] for _ in convs]
     todo = iter(range(len(convs)))
 
     async def worker() -> None:
         for c in todo:
-            out[c] = await run_conversation(send, c, convs[c], max_tokens)
+            out[c] = await run_conversation(send, c, convs[c], max_tokens, start, pace or {})
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(n, len(convs)))))

@@ -29,15 +29,18 @@ from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
 
 from baselines.dispatcher import Dispatcher
+from baselines.phases import delta
 from benchkit.agent import (
     SHAPES,
     AgentShape,
     Conversation,
+    Pace,
     Turn,
     closed_loop_conversations,
     conversations,
     perfect_hits,
 )
+from benchkit.ceiling import engine_work
 from benchkit.client import OpenAIClient, Record
 from benchkit.pairs import Pair
 from benchkit.systems import DTYPE, ENGINE, daemon_config, start_daemon, start_std_servers
@@ -71,8 +74,10 @@ class AgentBench:
         shape: AgentShape | None = None,
         per_worker: int = 2,
         max_batch_tokens: int = ENGINE["max_batch_tokens"],
+        pace: dict[int, Pace] | None = None,
     ):
         self.pair, self.tau, self.logs, self.ns = pair, tau, logs, ns
+        self.pace = pace or {}  # per N: (conversation, turn) -> earliest send, seconds
         self.max_batch_tokens = max_batch_tokens  # every system's engines
         self.shape, self.per_worker = shape or SHAPES[pair.name], per_worker
         # Each N runs conversations of its own (per_worker each, one after the other: the
@@ -118,7 +123,7 @@ class AgentBench:
         ]
         hits, asked = perfect_hits(every, PAGE_SIZE)
         run = {"system": system, "n": n, **summarize(turns, wall), "perfect_hit_rate": hits / asked,
-               "diverging_turns": len(wrong)}  # fmt: skip
+               "diverging_turns": len(wrong), "turn_log": turn_log(every)}  # fmt: skip
         self.runs.append(run)
         with (self.logs / "agent_runs.jsonl").open("a") as f:  # kept if a later system fails
             f.write(json.dumps(run) + "\n")
@@ -159,6 +164,8 @@ class AgentBench:
                 after = d.fresh_stats(time.time())
                 run = self.record(name, n, turns, wall)
                 run["hit_rate"] = hit_rate(before, after)
+                run["work"] = {m: engine_work(before.get(m, {}), after[m]) for m in after}
+                run["steps"] = {m: step_log(before.get(m, {}), after[m]) for m in after}
         finally:
             d.server.stop()
 
@@ -171,15 +178,20 @@ class AgentBench:
             send = Dispatcher(session, urls, list(self.pair.models), self.tau).send
             await self.warmup(send)
             for n in self.ns:
+                before = {m: s.get("/profile") for m, s in servers.items()}
                 turns, wall = await self.conversations(send, n)
-                self.record("std", n, turns, wall)
+                run = self.record("std", n, turns, wall)
+                after = {m: s.get("/profile") for m, s in servers.items()}
+                run["profile"] = {m: delta(before[m], after[m]) for m in servers}
         finally:
             for s in servers.values():
                 s.stop()
 
     async def conversations(self, send: Any, n: int) -> tuple[list[list[Turn]], float]:
+        first = self.first[n]
+        pace = {(c - first, t): s for (c, t), s in self.pace.get(n, {}).items()}
         turns, wall = await closed_loop_conversations(
-            send, self.batch(n), self.shape.answer_tokens, n
+            send, self.batch(n), self.shape.answer_tokens, n, pace
         )
         for conv in turns:  # numbered as in the reference
             for t in conv:
@@ -190,6 +202,40 @@ class AgentBench:
         """Two short unrelated requests: the models are loaded and the first forwards run."""
         warm = Conversation(self.convs[-1].tools[0], [self.convs[-1].tools[1]])
         await closed_loop_conversations(send, [warm, warm], 4, 2)
+
+
+def turn_log(turns: Sequence[Turn]) -> list[dict[str, Any]]:
+    """Each turn's timing and who made its first token (seconds from the run's first send),
+    to see where a slow first token waited."""
+    start = min(t.sent for t in turns)
+    return [
+        {"conv": t.conv, "turn": t.index, "sent_s": t.sent - start, "ttft_s": t.record.ttft,
+         "latency_s": t.record.latency, "prompt": len(t.record.prompt),
+         "first": t.record.models[0] if t.record.models else None,
+         "tokens_per_model": t.record.tokens_per_model}
+        for t in sorted(turns, key=lambda t: t.sent)
+    ]  # fmt: skip
+
+
+def read_pace(path: Path, system: str = "std") -> dict[int, Pace]:
+    """Per N, when `system` sent each turn in an earlier agent run's JSON (`turn_log`)."""
+    runs = json.loads(path.read_text())["runs"]
+    return {
+        r["n"]: {(e["conv"], e["turn"]): e["sent_s"] for e in r["turn_log"]}
+        for r in runs
+        if r["system"] == system and "turn_log" in r
+    }
+
+
+def step_log(before: dict[str, Any], after: dict[str, Any]) -> list[list[float]]:
+    """The run's steps on one engine, [rows, seconds, tokens fed] each (the stats window
+    holds the latest WINDOW; an older step that fell out of it is not listed)."""
+    count = int(after.get("steps", 0)) - int(before.get("steps", 0))
+    window = after.get("window", {})
+    latency, fed = window.get("latency", []), window.get("fed", [])
+    count = min(count, len(latency), len(fed))
+    pairs = zip(latency[len(latency) - count :], fed[len(fed) - count :], strict=True)
+    return [[rows, seconds, f] for (rows, seconds), f in pairs]
 
 
 def hit_rate(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -231,8 +277,12 @@ def agent_table(result: dict[str, Any]) -> list[str]:
             ok = met(on["ttft_p50"] <= std["ttft_p50"])
             parts.append(f"TTFT {1e3 * on['ttft_p50']:.1f} ms vs standard serving's "
                          f"{1e3 * std['ttft_p50']:.1f} ms (target <=: {ok})")  # fmt: skip
-        hit = on.get("hit_rate", {}).get("small", 0.0) / on["perfect_hit_rate"]
-        parts.append(f"hit rate {hit:.0%} of perfect (target 90%: {met(hit >= 0.9)})")
+        measured = on.get("hit_rate", {}).get("small")
+        if measured is None:  # the entry engine's counters did not move between snapshots
+            parts.append("hit rate not measured (target 90%: not judged)")
+        else:
+            hit = measured / on["perfect_hit_rate"]
+            parts.append(f"hit rate {hit:.0%} of perfect (target 90%: {met(hit >= 0.9)})")
         lines.append(f"- N={n}: " + "; ".join(parts))
     return lines
 

@@ -49,12 +49,13 @@ def counter_delta(before: Mapping[str, Any], after: Mapping[str, Any], key: str)
     return float(after.get(key, 0)) - float(before.get(key, 0))
 
 
-def _model(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+def engine_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
     steps, rows = counter_delta(before, after, "steps"), counter_delta(before, after, "rows")
     busy, dropped = counter_delta(before, after, "busy_s"), counter_delta(before, after, "dropped")
     return {
         "steps": int(steps), "rows": int(rows), "forward_s": busy,
         "committed": int(counter_delta(before, after, "tokens_committed")),
+        "fed": int(counter_delta(before, after, "tokens_fed")),
         "handoffs_in": int(counter_delta(before, after, "handoffs_in")),
         "dropped_rows": int(dropped), "dropped_share": dropped / rows if rows else 0.0,
         "batch_size_mean": rows / steps if steps else 0.0,
@@ -89,7 +90,7 @@ def ceiling(
 ) -> dict[str, Any]:
     """The run's forward-only ceiling under `bound` (see the module docstring)."""
     tokens = sum(r.output_tokens for r in records)
-    models = {name: _model(before.get(name, {}), after[name]) for name in after}
+    models = {name: engine_work(before.get(name, {}), after[name]) for name in after}
     forward = [m["forward_s"] for m in models.values()]
     bound_s = max(forward, default=0.0) if bound["kind"] == "parallel" else sum(forward)
     committed = sum(m["committed"] for m in models.values())
