@@ -33,6 +33,9 @@ prompts' shape and cuts turns, answers and N:
 
     .venv/bin/python scripts/bench.py --pair demo --agent --agent-n 4 --agent-turns 3 \
         --agent-answer 32 --out bench_results/agent-demo.json
+
+`--agent-pace JSON` replays standard serving's send times from such a run (same N, turns
+and conversations), so a system is measured at that offered load instead of its own.
 """
 
 from __future__ import annotations
@@ -95,7 +98,10 @@ def main() -> None:
         ap.error(
             f"--agent-systems: unknown {', '.join(sorted(unknown))}; known: {','.join(SYSTEMS)}"
         )
-    pace = read_pace(args.agent_pace) if args.agent_pace else None
+    try:
+        pace = read_pace(args.agent_pace) if args.agent_pace else None
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.agent_pace and not pace:
         ap.error(f"--agent-pace: {args.agent_pace} holds no standard-serving run with a turn log")
     if args.agent_max_batch_tokens < 1:
@@ -108,8 +114,8 @@ def main() -> None:
     tau = DEFAULT_TAU[args.pair] if args.tau is None else args.tau
     if args.agent:
         shape = scaled_shape(pair.name, args.agent_turns, args.agent_answer)
-        agent = asyncio.run(
-            AgentBench(
+        try:
+            bench_agent = AgentBench(
                 pair,
                 tau,
                 logs,
@@ -118,8 +124,10 @@ def main() -> None:
                 args.agent_per_worker,
                 args.agent_max_batch_tokens,
                 pace,
-            ).run_all(systems)
-        )
+            )
+        except ValueError as exc:
+            ap.error(str(exc))
+        agent = asyncio.run(bench_agent.run_all(systems))
         args.out.write_text(json.dumps(agent, indent=1))
         print("\n".join(agent_table(agent)))
         return

@@ -114,6 +114,34 @@ def test_a_pace_file_without_standard_serving_is_refused(tmp_path: Path) -> None
     assert f"--agent-pace: {path} holds no standard-serving run with a turn log" in out.stderr
 
 
+def test_a_pace_file_that_is_not_an_agent_run_is_refused_by_name(tmp_path: Path) -> None:
+    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    for path, text in ((tmp_path / "missing.json", None), (tmp_path / "junk.json", "[1, 2]")):
+        if text is not None:
+            path.write_text(text)
+        argv = [sys.executable, str(bench), "--agent", "--agent-pace", str(path)]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert f"--agent-pace: {path} is not an agent run's JSON" in out.stderr
+
+
+def test_a_pace_from_other_conversations_is_refused(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    # An earlier run of N=2 with 2 turns a conversation; this run asks for 3.
+    log = [{"conv": c, "turn": t, "sent_s": 0.0} for c in (0, 1) for t in (0, 1)]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"runs": [{"system": "std", "n": 2, "turn_log": log}]}))
+    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    argv = [sys.executable, str(bench), "--pair", "tiny", "--agent", "--agent-n", "2",
+            "--agent-turns", "3", "--agent-per-worker", "1", "--agent-pace", str(path),
+            "--out", str(tmp_path / "out.json")]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "--agent-pace: the earlier run's turns at N=2 are not this run's" in out.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
 def test_table_says_which_targets_were_met() -> None:
     def run(system: str, ttft: float, tput: float, hit: float | None = None) -> dict:
         r = {"system": system, "n": 4, "ttft_p50": ttft, "ttft_p99": ttft, "ttft1_p50": ttft,

@@ -77,13 +77,20 @@ class AgentBench:
         pace: dict[int, Pace] | None = None,
     ):
         self.pair, self.tau, self.logs, self.ns = pair, tau, logs, ns
-        self.pace = pace or {}  # per N: (conversation, turn) -> earliest send, seconds
         self.max_batch_tokens = max_batch_tokens  # every system's engines
         self.shape, self.per_worker = shape or SHAPES[pair.name], per_worker
         # Each N runs conversations of its own (per_worker each, one after the other: the
         # next starts while the others are under way), and one more warms up.
         sizes = [per_worker * n for n in ns]
         self.first = dict(zip(ns, np.cumsum([0, *sizes]).tolist(), strict=False))
+        self.pace = pace or {}  # per N: (conversation, turn) -> earliest send, seconds
+        for n in set(ns) & set(self.pace):
+            convs = range(self.first[n], self.first[n] + per_worker * n)
+            if set(self.pace[n]) != {(c, t) for c in convs for t in range(self.shape.turns)}:
+                raise ValueError(
+                    f"--agent-pace: the earlier run's turns at N={n} are not this run's (it "
+                    "needs the same --agent-n, --agent-per-worker and --agent-turns)"
+                )
         total = sum(sizes)
         self.convs = conversations(pair.models["small"], self.shape, total + 1)
         self.context = self.shape.longest + 16
@@ -218,13 +225,17 @@ def turn_log(turns: Sequence[Turn]) -> list[dict[str, Any]]:
 
 
 def read_pace(path: Path, system: str = "std") -> dict[int, Pace]:
-    """Per N, when `system` sent each turn in an earlier agent run's JSON (`turn_log`)."""
-    runs = json.loads(path.read_text())["runs"]
-    return {
-        r["n"]: {(e["conv"], e["turn"]): e["sent_s"] for e in r["turn_log"]}
-        for r in runs
-        if r["system"] == system and "turn_log" in r
-    }
+    """Per N, when `system` sent each turn in an earlier agent run's JSON (`turn_log`);
+    ValueError, naming the file, if it cannot be read as one."""
+    try:
+        runs = json.loads(path.read_text())["runs"]
+        return {
+            r["n"]: {(e["conv"], e["turn"]): e["sent_s"] for e in r["turn_log"]}
+            for r in runs
+            if r["system"] == system and "turn_log" in r
+        }
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--agent-pace: {path} is not an agent run's JSON ({exc!r})") from exc
 
 
 def step_log(before: dict[str, Any], after: dict[str, Any]) -> list[list[float]]:
