@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from benchkit.agent import scaled_shape
-from benchkit.agent_run import SYSTEMS, AgentBench, agent_table, read_pace
+from benchkit.agent_run import DEFAULT_SYSTEMS, SYSTEMS, AgentBench, agent_table, read_pace
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
 from benchkit.plan import PLANS
 from benchkit.runner import Bench
@@ -72,10 +72,11 @@ def main() -> None:
     ap.add_argument("--agent-answer", type=int, help="agent: max_tokens of every turn")
     ap.add_argument(
         "--agent-systems",
-        default=",".join(SYSTEMS),
+        default=",".join(DEFAULT_SYSTEMS),
         help="agent: the systems to run, of "
         + ",".join(SYSTEMS)
-        + " (the first is the reference the others must equal)",
+        + " (the first is the reference the others must equal; default: all but the *_wide "
+        "ones, whose forwards may use every core)",
     )
     ap.add_argument(
         "--agent-per-worker", type=int, default=2,

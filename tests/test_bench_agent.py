@@ -164,6 +164,10 @@ def test_table_says_which_targets_were_met() -> None:
     assert agent_table({"runs": bare})[-1].endswith(
         "hit rate not measured (target 90%: not judged)"
     )
+    # Both systems on all the cores are reported beside standard serving, not judged.
+    wide = [run("tokenrouterd_wide", 0.015, 320), run("std_wide", 0.025, 60)]
+    parts = agent_table({"runs": [*runs, *wide]})[-1].split("; ")
+    assert parts[3:5] == ["tokenrouterd_wide: 15.0 ms", "std_wide: 25.0 ms"]
     # A run without standard serving (--agent-systems) judges what it has.
     assert agent_table({"runs": runs[:2]})[-1] == (
         "- N=4: TTFT p50 (turn >= 2) 6.0x lower with the cache (target 5x: met); throughput "

@@ -3,7 +3,13 @@
     official              one turn at a time (the research loop): the reference outputs
     tokenrouterd          the daemon, each engine's prefix cache on (the default)
     tokenrouterd_nocache  the daemon with `engine.prefix_cache: false`
+    tokenrouterd_wide     the daemon with `engine.threads_alone` at the host's cores (as
+                          its default config has it): a forward may use an idle peer's
+                          cores, which no standard server can; not run unless named
     std                   standard servers with their prefix cache + the HTTP dispatcher
+    std_wide              the same, each server on torch threads for all the host's cores
+                          (their forwards then share the cores uncoordinated); not run
+                          unless named
 
 At each N the same conversations run on every system; every turn's output ids and
 producers are compared with the official loop's. TTFT is reported from the second
@@ -15,6 +21,7 @@ tokens matched / prompt tokens), next to `perfect_hits` of the same run.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -43,12 +50,24 @@ from benchkit.agent import (
 from benchkit.ceiling import engine_work
 from benchkit.client import OpenAIClient, Record
 from benchkit.pairs import Pair
-from benchkit.systems import DTYPE, ENGINE, daemon_config, start_daemon, start_std_servers
+from benchkit.systems import (
+    DTYPE,
+    ENGINE,
+    THREADS,
+    daemon_config,
+    start_daemon,
+    start_std_servers,
+)
 
 MODEL = "small+large"
 PAGE_SIZE = 16  # engine.page_size's default, and the standard server's
-DAEMONS = {"tokenrouterd": {}, "tokenrouterd_nocache": {"prefix_cache": False}}
-SYSTEMS = ("official", *DAEMONS, "std")
+DAEMONS: dict[str, dict[str, Any]] = {
+    "tokenrouterd": {},
+    "tokenrouterd_nocache": {"prefix_cache": False},
+    "tokenrouterd_wide": {"threads_alone": os.cpu_count() or 1},
+}
+SYSTEMS = ("official", *DAEMONS, "std", "std_wide")
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if not s.endswith("_wide"))
 
 
 def summarize(turns: list[list[Turn]], wall: float) -> dict[str, Any]:
@@ -102,7 +121,7 @@ class AgentBench:
         """The conversations of the run at N = n."""
         return self.convs[self.first[n] : self.first[n] + self.per_worker * n]
 
-    async def run_all(self, systems: Sequence[str] = SYSTEMS) -> dict[str, Any]:
+    async def run_all(self, systems: Sequence[str] = DEFAULT_SYSTEMS) -> dict[str, Any]:
         """The systems named (in SYSTEMS' order); the first one run is the reference every
         later turn is compared with (the official loop, unless it is left out)."""
         started = time.perf_counter()
@@ -113,7 +132,9 @@ class AgentBench:
                 if name in systems:
                     await self.run_daemon(session, name, engine)
             if "std" in systems:
-                await self.run_std(session)
+                await self.run_std(session, "std", THREADS)
+            if "std_wide" in systems:
+                await self.run_std(session, "std_wide", os.cpu_count() or 1)
         return {"shape": asdict(self.shape), "page_size": PAGE_SIZE, "tau": self.tau,
                 "max_batch_tokens": self.max_batch_tokens,
                 "total_s": time.perf_counter() - started, "runs": self.runs}  # fmt: skip
@@ -176,9 +197,9 @@ class AgentBench:
         finally:
             d.server.stop()
 
-    async def run_std(self, session: aiohttp.ClientSession) -> None:
+    async def run_std(self, session: aiohttp.ClientSession, name: str, threads: int) -> None:
         servers = start_std_servers(
-            "std", self.pair.models, self.logs, True, self.kv_tokens, self.max_batch_tokens
+            name, self.pair.models, self.logs, True, self.kv_tokens, self.max_batch_tokens, threads
         )
         try:
             urls = [servers[m].url for m in self.pair.models]
@@ -187,7 +208,7 @@ class AgentBench:
             for n in self.ns:
                 before = {m: s.get("/profile") for m, s in servers.items()}
                 turns, wall = await self.conversations(send, n)
-                run = self.record("std", n, turns, wall)
+                run = self.record(name, n, turns, wall)
                 after = {m: s.get("/profile") for m, s in servers.items()}
                 run["profile"] = {m: delta(before[m], after[m]) for m in servers}
         finally:
@@ -288,6 +309,10 @@ def agent_table(result: dict[str, Any]) -> list[str]:
             ok = met(on["ttft_p50"] <= std["ttft_p50"])
             parts.append(f"TTFT {1e3 * on['ttft_p50']:.1f} ms vs standard serving's "
                          f"{1e3 * std['ttft_p50']:.1f} ms (target <=: {ok})")  # fmt: skip
+        for name in ("tokenrouterd_wide", "std_wide"):
+            wide = by.get((name, n))
+            if wide is not None:
+                parts.append(f"{name}: {1e3 * wide['ttft_p50']:.1f} ms")
         measured = on.get("hit_rate", {}).get("small")
         if measured is None:  # the entry engine's counters did not move between snapshots
             parts.append("hit rate not measured (target 90%: not judged)")

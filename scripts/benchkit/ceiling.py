@@ -56,6 +56,7 @@ def engine_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str
         "steps": int(steps), "rows": int(rows), "forward_s": busy,
         "committed": int(counter_delta(before, after, "tokens_committed")),
         "fed": int(counter_delta(before, after, "tokens_fed")),
+        "wide": int(counter_delta(before, after, "wide_forwards")),
         "handoffs_in": int(counter_delta(before, after, "handoffs_in")),
         "dropped_rows": int(dropped), "dropped_share": dropped / rows if rows else 0.0,
         "batch_size_mean": rows / steps if steps else 0.0,

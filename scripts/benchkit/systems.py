@@ -157,12 +157,18 @@ def start_daemon(name: str, cfg: dict[str, Any], folder: Path) -> Daemon:
 
 
 def std_argv(
-    path: Path, port: int, prefix_cache: bool, kv_tokens: int, linear: str, max_batch_tokens: int
+    path: Path,
+    port: int,
+    prefix_cache: bool,
+    kv_tokens: int,
+    linear: str,
+    max_batch_tokens: int,
+    threads: int = THREADS,
 ) -> list[str]:
     """A standard server's command line: the daemon's engine settings where both have one."""
     argv = [str(ROOT / "scripts/baselines/std_server.py"), "--model", str(path)]
     argv += ["--port", str(port), "--kv-tokens", str(kv_tokens), "--cpu-linear", linear]
-    argv += ["--threads", str(ENGINE["threads"]), "--max-batch-tokens", str(max_batch_tokens)]
+    argv += ["--threads", str(threads), "--max-batch-tokens", str(max_batch_tokens)]
     return argv + ([] if prefix_cache else ["--no-prefix-cache"])
 
 
@@ -173,16 +179,18 @@ def start_std_servers(
     prefix_cache: bool,
     kv_tokens: int,
     max_batch_tokens: int = ENGINE["max_batch_tokens"],
+    threads: int = THREADS,
 ) -> dict[str, Server]:
     """One standard server per model, spawned together, each awaited healthy. Their steps
     feed at most as many tokens as the daemon's (`max_batch_tokens`): until 2026-12-04 they
     ran the engine default, 1,024, against the daemon's 2,048, so a new turn waited behind
-    half as long a prefill step there."""
+    half as long a prefill step there. `threads` above the host's cores / models share
+    the cores uncoordinated, as two servers on one host do by default."""
     servers: dict[str, Server] = {}
     linear = cpu_linear(models.values())
     for name, path in models.items():
         port = free_port()
-        argv = std_argv(path, port, prefix_cache, kv_tokens, linear, max_batch_tokens)
+        argv = std_argv(path, port, prefix_cache, kv_tokens, linear, max_batch_tokens, threads)
         servers[name] = spawn(f"{system}_{name}", argv, folder)
         servers[name].url = f"http://127.0.0.1:{port}"
     try:
