@@ -237,6 +237,10 @@ def test_the_batching_bound_is_the_cost_of_each_step() -> None:
     assert [step_ms(points, f) for f in (1, 3, 6)] == [10.0, 14.0, 20.0]  # 6: extended
     costs = {"m": {"decode_ms": points[:2], "prefill_ms": points[2]}}
     fed = [9, 1, 3, 6]  # tokens fed by the run's steps: the last three
+    # A noisy calibration (the prefill measured below the widest decode) is made
+    # monotone: never a negative cost beyond it, never less for more tokens.
+    dip = [[1, 10.0], [16, 30.0], [64, 25.0]]
+    assert [step_ms(dip, f) for f in (16, 40, 64, 500)] == [30.0, 30.0, 30.0, 30.0]
     before = {"m": {"steps": 7, "rows": 20, "tokens_fed": 30}}
     after = {"m": {"steps": 10, "rows": 30, "tokens_fed": 50, "window": {"fed": fed}}}
     b = batching_bound(before, after, costs, wall=0.1, kind="parallel")

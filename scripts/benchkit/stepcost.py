@@ -86,8 +86,11 @@ def calibrate(path: Path, dtype: str, context: int, **settings: Any) -> dict[str
 
 def step_ms(points: list[list[float]], fed: float) -> float:
     """cost(tokens fed) from the measured steps: linear between them, the last segment
-    beyond."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    beyond. A step never costs less for feeding more tokens: a noisy measurement below
+    a smaller one's is raised to it (a loaded CI host once measured the prefill below
+    the widest decode, and the extension beyond went negative)."""
+    xs = [p[0] for p in points]
+    ys = np.maximum.accumulate([p[1] for p in points]).tolist()
     if fed <= xs[-1]:
         return float(np.interp(fed, xs, ys))
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
