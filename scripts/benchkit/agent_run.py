@@ -21,7 +21,6 @@ tokens matched / prompt tokens), next to `perfect_hits` of the same run.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -51,6 +50,7 @@ from benchkit.ceiling import engine_work
 from benchkit.client import OpenAIClient, Record
 from benchkit.pairs import Pair
 from benchkit.systems import (
+    CORES,
     DTYPE,
     ENGINE,
     THREADS,
@@ -64,7 +64,7 @@ PAGE_SIZE = 16  # engine.page_size's default, and the standard server's
 DAEMONS: dict[str, dict[str, Any]] = {
     "tokenrouterd": {},
     "tokenrouterd_nocache": {"prefix_cache": False},
-    "tokenrouterd_wide": {"threads_alone": os.cpu_count() or 1},
+    "tokenrouterd_wide": {"threads_alone": CORES},
 }
 SYSTEMS = ("official", *DAEMONS, "std", "std_wide")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if not s.endswith("_wide"))
@@ -134,7 +134,7 @@ class AgentBench:
             if "std" in systems:
                 await self.run_std(session, "std", THREADS)
             if "std_wide" in systems:
-                await self.run_std(session, "std_wide", os.cpu_count() or 1)
+                await self.run_std(session, "std_wide", CORES)
         return {"shape": asdict(self.shape), "page_size": PAGE_SIZE, "tau": self.tau,
                 "max_batch_tokens": self.max_batch_tokens,
                 "total_s": time.perf_counter() - started, "runs": self.runs}  # fmt: skip
