@@ -61,10 +61,20 @@ class Server:
     log: Path
 
     def up(self) -> Server:
+        """Wait until the server answers /health; stop it if it never does, or if the wait
+        is cut short (an interrupt while a daemon loads must not leave it running)."""
+        try:
+            return self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> Server:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited:\n{self.log.read_text()[-4000:]}")
+            if (code := self.proc.poll()) is not None:
+                log = self.log.read_text()[-4000:]
+                raise RuntimeError(f"{self.name} exited with code {code}:\n{log}")
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
                     if resp.status == 200:
@@ -72,7 +82,6 @@ class Server:
             except OSError:
                 pass
             time.sleep(0.3)
-        self.stop()
         raise RuntimeError(f"{self.name} not healthy in {START_TIMEOUT_S} s")
 
     def get(self, path: str) -> Any:
