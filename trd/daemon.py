@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         deployment = plan_deployment(cfg)
     except (ConfigError, PlanError, MpsError, ValueError) as exc:
         print(f"tokenrouterd: {exc}", file=sys.stderr)
+        if tap is not None:
+            tap.close()  # the message went into the tap's pipe: let it out before exiting
         return EXIT_CONFIG
     if args.check:
         mps = "on" if deployment.use_mps else f"off ({deployment.mps_reason})"

@@ -71,7 +71,18 @@ class StderrTap:
         read_fd, write_fd = os.pipe()
         os.dup2(write_fd, 2)
         os.close(write_fd)
-        threading.Thread(target=self._copy, args=(read_fd,), name="stderr-tap", daemon=True).start()
+        self._copier = threading.Thread(
+            target=self._copy, args=(read_fd,), name="stderr-tap", daemon=True
+        )
+        self._copier.start()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Put the original stderr back on fd 2 and wait until the lines written so far have
+        reached it: a process that exits right after printing (a config error) keeps its
+        message. Waits at most `timeout_s` while a child still holds the pipe."""
+        sys.stderr.flush()
+        os.dup2(self.out_fd, 2)  # the pipe's last writer here goes: the copier reads to EOF
+        self._copier.join(timeout_s)
 
     def stream(self) -> object:
         """A text stream to the original stderr, for our own log handler."""
