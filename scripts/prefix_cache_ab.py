@@ -3,7 +3,9 @@
 
 Two daemons on the same pair run side by side, one with `prefix_cache: false`. Each
 round sends 16 fresh short-workload prompts (no prompt is sent in two rounds) at N = 16
-to both, the order alternating between rounds; the first round is a warm-up. Printed:
+to both, the order alternating between rounds; the first round is a warm-up. A pair
+whose short workload is chat (32 prompts, too few) gets 100-token prompts of held-out
+text instead, with the workload's answer length unless `--max-tokens` says. Printed:
 each round's tokens/s and on/off ratio, then the medians and ranges; `--out` keeps them
 as JSON. The ratio's spread across rounds is the noise the median is judged against.
 
@@ -19,6 +21,7 @@ import random
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +80,19 @@ def main() -> None:
     )
     ap.add_argument("--pair", choices=PAIRS, default="tiny")
     ap.add_argument("--rounds", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, help="tokens per answer (default: the workload's)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the models' dtype (two float32 daemons of the demo pair need "
+                         "about 20 GiB)")  # fmt: skip
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.rounds < 1 or (args.max_tokens is not None and args.max_tokens < 1):
+        ap.error("--rounds and --max-tokens must be at least 1")
     pair = load_pair(args.pair)
     work = pair.workloads["short"]
+    if work.source == "chat":  # its 32 prompts are too few to send fresh ones every round
+        work = replace(work, source="corpus", prompt_tokens=100)
+    max_tokens = args.max_tokens or work.max_tokens
     pool = prompts(pair.models["small"], work, N * (args.rounds + 1))
     random.Random(7).shuffle(pool)
     logs = Path(tempfile.mkdtemp(prefix="prefix-cache-ab-"))
@@ -88,14 +100,19 @@ def main() -> None:
     try:
         for name, engine in (("on", {}), ("off", {"prefix_cache": False})):
             cfg = daemon_config(pair.models, DEFAULT_TAU[args.pair], engine, KV_TOKENS, CONTEXT)
+            for model in cfg["models"]:
+                model["dtype"] = args.dtype
+            if args.dtype != "float32":  # the packed oneDNN linears are float32 only
+                cfg["engine"].pop("cpu_linear", None)
             print(f"starting the cache-{name} daemon (logs in {logs})", flush=True)
             daemons[name] = start_daemon(f"cache_{name}", cfg, logs)
         urls = {name: d.server.url for name, d in daemons.items()}
-        rows = asyncio.run(rounds(urls, pool, args.rounds, work.max_tokens))
+        rows = asyncio.run(rounds(urls, pool, args.rounds, max_tokens))
     finally:
         for d in daemons.values():
             d.server.stop()
-    result = {"pair": args.pair, "n": N, "max_tokens": work.max_tokens, "rows": rows,
+    result = {"pair": args.pair, "dtype": args.dtype, "n": N, "prompt_tokens": work.prompt_tokens,
+              "max_tokens": max_tokens, "rows": rows,
               "summary": summary(rows)}  # fmt: skip
     s, ratio = result["summary"], result["summary"]["ratio"]
     print(f"on/off median {ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]; "
