@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, help="tokens per answer (default: the workload's)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                     help="the models' dtype (two float32 daemons of the demo pair need "
-                         "about 20 GiB)")  # fmt: skip
+                         "about 27 GiB)")  # fmt: skip
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.rounds < 1 or (args.max_tokens is not None and args.max_tokens < 1):
