@@ -76,7 +76,7 @@ def main() -> None:
         help="agent: the systems to run, of "
         + ",".join(SYSTEMS)
         + " (the first is the reference the others must equal; default: all but the *_wide "
-        "ones, whose forwards may use every core)",
+        "ones, whose forwards may use every core, and tokenrouterd_ahead)",
     )
     ap.add_argument(
         "--agent-per-worker", type=int, default=2,

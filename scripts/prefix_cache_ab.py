@@ -99,11 +99,9 @@ def main() -> None:
     daemons: dict[str, Daemon] = {}
     try:
         for name, engine in (("on", {}), ("off", {"prefix_cache": False})):
-            cfg = daemon_config(pair.models, DEFAULT_TAU[args.pair], engine, KV_TOKENS, CONTEXT)
-            for model in cfg["models"]:
-                model["dtype"] = args.dtype
-            if args.dtype != "float32":  # the packed oneDNN linears are float32 only
-                cfg["engine"].pop("cpu_linear", None)
+            cfg = daemon_config(
+                pair.models, DEFAULT_TAU[args.pair], engine, KV_TOKENS, CONTEXT, args.dtype
+            )
             print(f"starting the cache-{name} daemon (logs in {logs})", flush=True)
             daemons[name] = start_daemon(f"cache_{name}", cfg, logs)
         urls = {name: d.server.url for name, d in daemons.items()}

@@ -101,11 +101,16 @@ def specs(
 
 
 def wired(
-    paths: list[Path], policy: str, params: dict[str, Any], seed: int, max_model_len: int = 0
+    paths: list[Path],
+    policy: str,
+    params: dict[str, Any],
+    seed: int,
+    max_model_len: int = 0,
+    **settings: Any,
 ) -> Wiring:
     """Engines of `specs` wired in one process, interleavings and duplicates by `seed`."""
-    settings = {"kv_tokens": 8192, "max_batch_tokens": 256, "max_model_len": max_model_len}
-    return Wiring(specs(paths, policy, params, **settings), seed)
+    base = {"kv_tokens": 8192, "max_batch_tokens": 256, "max_model_len": max_model_len}
+    return Wiring(specs(paths, policy, params, **{**base, **settings}), seed)
 
 
 _TRACES: dict[str, list[Trace]] = {}

@@ -119,6 +119,7 @@ BAD = [  # (key to set, value, expected start of the message)
     ("models.0.gpu", 1, "models[0].gpu: 1: unknown key"),
     ("models.1.prefix_cache", "off", "models[1].prefix_cache: 'off': expected true or false"),
     ("engine.prefix_cache", 0, "engine.prefix_cache: 0: expected true or false"),
+    ("models.1.prefill_ahead", 1, "models[1].prefill_ahead: 1: expected true or false"),
     ("policy.name", "nope", "policy.name: 'nope': unknown policy"),
     ("policy.tau", 0.5, "policy.tau: 0.5: unknown parameter of rstitch"),
     ("policy.threshold", 7, "policy.threshold: 7: expected a number in [0, 1]"),
@@ -258,6 +259,18 @@ def test_check_prints_the_plan_and_bad_configs_exit_2(
     assert "prefix cache: small on, large off" in capsys.readouterr().out
     specs = plan_deployment(load_config(good)).specs
     assert [s.settings.prefix_cache for s in specs] == [True, False]
+    raw["models"][1]["prefill_ahead"] = True  # but its engine has no cache to keep it in
+    good.write_text(yaml.safe_dump({**raw, "max_model_len": 256}))
+    assert daemon_main(["--check", "--config", str(good)]) == EXIT_CONFIG
+    assert "models[1] (large): engine.prefill_ahead: true: needs prefix_cache" in (
+        capsys.readouterr().err
+    )
+    del raw["models"][1]["prefix_cache"]
+    good.write_text(yaml.safe_dump({**raw, "max_model_len": 256}))
+    assert daemon_main(["--check", "--config", str(good)]) == 0
+    assert "prefill ahead: large" in capsys.readouterr().out
+    specs = plan_deployment(load_config(good)).specs
+    assert [s.settings.prefill_ahead for s in specs] == [False, True]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**raw, "engine": {"page_size": -4}}))
     assert daemon_main(["--check", "--config", str(bad)]) == EXIT_CONFIG

@@ -3,7 +3,9 @@
 One float64 daemon, each engine's KV pool 32 pages of 16 tokens. Eight requests in
 flight at once share one of two 96-token heads (6 pages each) and need 3 to 5 pages of
 their own: 44 pages, more than the pool, so cached blocks are evicted and requests
-preempted during the routed run; a second round finds the heads cached. Outputs must be
+preempted during the routed run; a second round finds the heads cached. The large model
+prefills each prompt as it arrives (engine.prefill_ahead), so those prefills compete for
+its pages too. Outputs must be
 the float64 oracle's; afterwards `trctl status` must show 0 used pages and every cached
 page evictable on every engine (an engine that found a page freed twice or leaked would
 have failed its idle integrity check and been restarted). Killing an engine with cached
@@ -42,6 +44,8 @@ def daemon(
         "memory": {"max_kv_tokens": 512},  # 32 pages per engine
         "max_model_len": 256,
         "restart": {"max_retries": 1, "backoff_s": 0.2},
+        # The large model prefills every prompt as it arrives, competing for the pages.
+        "engine": {"threads": 1, "max_batch_tokens": 512, "prefill_ahead": True},
     }
     tmp = tmp_path_factory.mktemp("e2e_prefix_cache")
     d = start_daemon(write_config(tmp, tiny_models, NAMES, dtype="float64", **extra))
@@ -107,6 +111,7 @@ def test_eviction_under_pressure_keeps_outputs_and_leaks_nothing(
         assert cache["cached_pages"] == cache["evictable_pages"] > 0, e  # all evictable
         assert 0 < cache["hits"] < cache["queries"], e
     assert sum(e["prefix_cache"]["evictions"] for e in engines) > 0
+    assert (engines[0]["prefills_ahead"], engines[1]["prefills_ahead"]) == (0, 2 * len(work))
     status = daemon.status()
     assert status["restarts"] == 0, daemon.log()  # no engine failed its integrity check
     assert hits_metric(daemon)["small"] == engines[0]["prefix_cache"]["hits"]

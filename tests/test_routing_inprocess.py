@@ -151,3 +151,26 @@ def test_padded_vocabularies_route_exactly_and_never_emit_padding(
     assert outputs and max(outputs) < VOCAB_SIZE
     switches = {(a, b) for g in wiring.tracked.values() for a, b in itertools.pairwise(g.models)}
     assert {(0, 1), (1, 0)} <= switches  # handoffs both ways
+
+
+@pytest.mark.parametrize("policy,params,n_models", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_prefill_ahead_matches_the_reference(
+    tiny_models: dict[str, Path], policy: str, params: dict, n_models: int
+) -> None:
+    """engine.prefill_ahead on: every prompt is prefilled on the other models as it
+    arrives; their handoffs, before or after that prefill ends, still give the
+    reference's tokens at 1, 4 and 16 in flight, feed nothing twice (what a prefill ahead
+    fed counts as cache hits of the request that comes), and leave every page free."""
+    paths = [tiny_models[n] for n in MODEL_SETS[n_models]]
+    work = shared_prefix_jobs(paths[0]) + jobs(paths[0])[8:16]
+    expected = reference(paths, policy, params, work)
+    adopted = 0
+    for concurrency in (1, 4, 16):
+        wiring = wired(paths, policy, params, seed=20 * n_models + concurrency,
+                       prefill_ahead=True, max_batch_tokens=32)  # fmt: skip
+        wiring.run(work, concurrency)
+        assert_matches(wiring, expected)
+        taken = [e.stats.prefills_ahead for e in wiring.engines]
+        assert taken[0] == 0 and all(t > 0 for t in taken[1:]), taken
+        adopted += sum(e.stats.prefills_adopted for e in wiring.engines)
+    assert adopted > 0  # some handoffs came while their prompt's prefill ran

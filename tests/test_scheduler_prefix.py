@@ -130,3 +130,60 @@ def test_a_preempted_request_rematches_its_own_blocks() -> None:
     assert a.pages[:2] == [0, 1]
     cache = cache_of(sched)
     assert (cache.counters.queried_tokens, cache.counters.hit_tokens) == (9 + 10, 8)
+
+
+def ahead(rid: int, tokens: list[int]) -> Request:
+    """A prefill ahead of request `rid` (trd/engines/inbox.py)."""
+    r = req(rid, tokens)
+    r.prefill_only = True
+    return r
+
+
+def test_a_prefill_ahead_feeds_whole_blocks_samples_nothing_and_leaves_them_cached() -> None:
+    sched = make(8)
+    a = ahead(0, list(range(10)))
+    sched.add(a)
+    (item,) = sched.schedule()
+    assert (item.num_tokens, item.completes) == (8, False)  # 2 whole blocks of 4; no sample
+    a.kv_len += item.num_tokens
+    assert sched.schedule() == [] and 0 not in sched.requests  # done: finished
+    cache = cache_of(sched)
+    assert (cache.num_cached, cache.num_free) == (2, 8)
+    assert (cache.counters.queried_tokens, cache.counters.hit_tokens) == (0, 0)
+    sched.add(req(1, list(range(10))))
+    assert run(sched) == [(1, 2)]  # its request, arriving later, feeds only the rest
+    assert (cache.counters.queried_tokens, cache.counters.hit_tokens) == (10, 8)
+
+
+def test_a_prefill_ahead_ranks_last_and_is_dropped_not_preempted_for_pages() -> None:
+    settings = EngineSettings(max_batch_tokens=8, max_batch_size=8)
+    sched = Scheduler(PrefixCache(4, PS), settings, max_model_len=64)
+    a = ahead(0, list(range(100, 113)))  # 12 tokens to feed, 8 a step
+    sched.add(a)
+    assert run(sched) == [(0, 8)]
+    b, c = req(1, list(range(11))), req(2, list(range(50, 53)))
+    sched.add(b)
+    sched.add(c)
+    assert run(sched) == [(1, 8)]  # b first although a is older; the budget is spent
+    # b's third page and c's are a's 2: a is dropped, not preempted, its 2 computed blocks
+    # cached, then evicted for them.
+    assert run(sched) == [(1, 3), (2, 3)]
+    assert 0 not in sched.requests and a.state is State.FINISHED
+    assert sched.preemptions == 0 and cache_of(sched).counters.evictions == 2
+
+
+def test_an_adopted_prefill_ahead_counts_its_lookup_and_takes_the_entry_params() -> None:
+    sched = make(8)
+    sched.finish(prefilled(sched, list(range(10))))
+    cache = cache_of(sched)
+    before = (cache.counters.queried_tokens, cache.counters.hit_tokens)
+    a = ahead(1, list(range(14)))
+    sched.add(a)
+    assert run(sched) == [(1, 4)]  # 8 matched, 4 fed: its third block
+    assert (cache.counters.queried_tokens, cache.counters.hit_tokens) == before
+    seeded = SamplingParams(max_tokens=4, temperature=0.7, seed=7)
+    sched.adopt(a, seeded)
+    assert not a.prefill_only and a.params is seeded
+    counts = (cache.counters.queried_tokens, cache.counters.hit_tokens)
+    assert counts == (before[0] + 14, before[1] + 8)
+    assert run(sched) == [(1, 2)] and len(a.seq) == 15  # to the end now, and it samples

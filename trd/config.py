@@ -9,10 +9,13 @@
     memory: {budget_gib: auto | GiB, fraction: 0.9, max_kv_tokens: auto | N}
     max_model_len: N (default: the smallest context of the models)
     max_inflight: 256               stall_timeout_s: 120
-    models: [{name, path, dtype, remote, prefix_cache}, ...]     first = entry model
+    models: [{name, path, dtype, remote, prefix_cache, prefill_ahead}, ...]
+                                    first = entry model
                                     remote: HOST:PORT = served by `tokenrouterd engine` there
                                     prefix_cache: false = this model's engine keeps no
                                     prefix cache (default: engine.prefix_cache, true)
+                                    prefill_ahead: true = this model prefills each new
+                                    prompt as it arrives (default: engine.prefill_ahead)
     remote_token: a secret both hosts share (required with a remote model)
     policy: {name: rstitch, <the policy's params: trd/policies/params.py>,
              target_large_share: 0 < s < 1 (a policy with a threshold: held by the daemon)}
@@ -128,12 +131,15 @@ class ModelEntry:
     checkpoint: Checkpoint | None
     remote: Address | None = None  # the `tokenrouterd engine` the daemon connects to
     prefix_cache: bool | None = None  # this model's own switch; None: engine.prefix_cache
+    prefill_ahead: bool | None = None  # likewise; None: engine.prefill_ahead
 
     def settings(self, engine: EngineSettings) -> EngineSettings:
         """The engine settings this model runs with: `engine:`, its own switches applied."""
-        if self.prefix_cache is None:
+        cache = engine.prefix_cache if self.prefix_cache is None else self.prefix_cache
+        ahead = engine.prefill_ahead if self.prefill_ahead is None else self.prefill_ahead
+        if (cache, ahead) == (engine.prefix_cache, engine.prefill_ahead):
             return engine
-        return dataclasses.replace(engine, prefix_cache=self.prefix_cache)
+        return dataclasses.replace(engine, prefix_cache=cache, prefill_ahead=ahead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +268,11 @@ def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
     )
     for sec in (top, shutdown, restart):
         sec.done()
+    for i, m in enumerate(models):
+        try:
+            m.settings(cfg.engine)
+        except SettingError as exc:
+            raise ConfigError(f"models[{i}] ({m.name}): {exc}") from None
     if cfg.device.startswith("cuda"):  # with device: auto the deployment checks this
         for i, m in enumerate(models):
             try:
@@ -379,8 +390,10 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
             if raw_remote is None
             else parse_address(f"models[{i}].remote", raw_remote, allow_unix=False)
         )
-        cache = sec.get("prefix_cache", None)
-        prefix_cache = None if cache is None else sec.boolean("prefix_cache")
+        switches = {
+            key: None if sec.get(key, None) is None else sec.boolean(key)
+            for key in ("prefix_cache", "prefill_ahead")
+        }
         sec.done()
         if i == 0 and remote is not None:
             fail("models[0].remote", raw_remote, "the entry model runs with the daemon: the "
@@ -391,7 +404,7 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
                 ckpt = read_checkpoint(path)
             except CheckpointError as exc:
                 fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
-        entries.append(ModelEntry(name, path, dtype, ckpt, remote, prefix_cache))
+        entries.append(ModelEntry(name, path, dtype, ckpt, remote, **switches))
     if serve is not None:
         if serve not in [e.name for e in entries]:
             names = [e.name for e in entries]

@@ -138,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         tap = StderrTap()
         setup_logging(args.log_level, tap.stream())
     try:
+        return _start(args, tap)
+    finally:
+        if tap is not None:
+            tap.close()  # what went into the tap's pipe last reaches stderr before the exit
+
+
+def _start(args: argparse.Namespace, tap: StderrTap | None) -> int:
+    """Read the config, plan, and then check (--check) or serve until stopped."""
+    try:
         cfg = _config(args)
         access = Access.of(cfg)  # before the engines: a bad key or TLS file stops us now
         for name in KEY_ENVS:  # read: the engine processes need not inherit them
@@ -145,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         deployment = plan_deployment(cfg)
     except (ConfigError, PlanError, MpsError, ValueError) as exc:
         print(f"tokenrouterd: {exc}", file=sys.stderr)
-        if tap is not None:
-            tap.close()  # the message went into the tap's pipe: let it out before exiting
         return EXIT_CONFIG
     if args.check:
         mps = "on" if deployment.use_mps else f"off ({deployment.mps_reason})"
@@ -161,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         caches = [f"{m.name} {'on' if m.settings(cfg.engine).prefix_cache else 'off'}"
                   for m in cfg.models]  # fmt: skip
         print(f"prefix cache: {', '.join(caches)}")
+        ahead = [m.name for m in cfg.models[1:] if m.settings(cfg.engine).prefill_ahead]
+        print(f"prefill ahead: {', '.join(ahead) or 'off'}")
         for m in cfg.models:
             if m.remote is not None:
                 print(f"model {m.name!r} runs at {m.remote}: its host plans its own memory; "

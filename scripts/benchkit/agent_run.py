@@ -6,6 +6,8 @@
     tokenrouterd_wide     the daemon with `engine.threads_alone` at the host's cores (as
                           its default config has it): a forward may use an idle peer's
                           cores, which no standard server can; not run unless named
+    tokenrouterd_ahead    tokenrouterd_wide with `engine.prefill_ahead` (the 1.5B
+                          prefills each turn as it arrives); not run unless named
     std                   standard servers with their prefix cache + the HTTP dispatcher
     std_wide              the same, each server on torch threads for all the host's cores
                           (their forwards then share the cores uncoordinated); not run
@@ -65,9 +67,10 @@ DAEMONS: dict[str, dict[str, Any]] = {
     "tokenrouterd": {},
     "tokenrouterd_nocache": {"prefix_cache": False},
     "tokenrouterd_wide": {"threads_alone": CORES},
+    "tokenrouterd_ahead": {"threads_alone": CORES, "prefill_ahead": True},
 }
 SYSTEMS = ("official", *DAEMONS, "std", "std_wide")
-DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if not s.endswith("_wide"))
+DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if not s.endswith(("_wide", "_ahead")))
 
 
 def summarize(turns: list[list[Turn]], wall: float) -> dict[str, Any]:
@@ -309,7 +312,7 @@ def agent_table(result: dict[str, Any]) -> list[str]:
             ok = met(on["ttft_p50"] <= std["ttft_p50"])
             parts.append(f"TTFT {1e3 * on['ttft_p50']:.1f} ms vs standard serving's "
                          f"{1e3 * std['ttft_p50']:.1f} ms (target <=: {ok})")  # fmt: skip
-        for name in ("tokenrouterd_wide", "std_wide"):
+        for name in ("tokenrouterd_wide", "tokenrouterd_ahead", "std_wide"):
             wide = by.get((name, n))
             if wide is not None:
                 parts.append(f"{name}: {1e3 * wide['ttft_p50']:.1f} ms")

@@ -58,6 +58,8 @@ def engine_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str
         "fed": int(counter_delta(before, after, "tokens_fed")),
         "wide": int(counter_delta(before, after, "wide_forwards")),
         "handoffs_in": int(counter_delta(before, after, "handoffs_in")),
+        "prefills_ahead": int(counter_delta(before, after, "prefills_ahead")),
+        "prefills_adopted": int(counter_delta(before, after, "prefills_adopted")),
         "dropped_rows": int(dropped), "dropped_share": dropped / rows if rows else 0.0,
         "batch_size_mean": rows / steps if steps else 0.0,
         "step_ms_mean": 1e3 * busy / steps if steps else 0.0,

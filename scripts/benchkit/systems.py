@@ -139,8 +139,15 @@ class Daemon:
 
 
 def daemon_config(
-    models: dict[str, Path], tau: float, engine: dict[str, Any], kv_tokens: int, context: int
+    models: dict[str, Path],
+    tau: float,
+    engine: dict[str, Any],
+    kv_tokens: int,
+    context: int,
+    dtype: str = DTYPE,
 ) -> dict[str, Any]:
+    # The packed oneDNN linears are float32 only.
+    linear = cpu_linear(models.values()) if dtype == "float32" else "torch"
     return {
         "listen": f"127.0.0.1:{free_port()}",
         "admin": f"127.0.0.1:{free_port()}",
@@ -148,9 +155,9 @@ def daemon_config(
         "mps": "off",
         "memory": {"max_kv_tokens": kv_tokens},
         "max_model_len": context,
-        "models": [{"name": n, "path": str(p), "dtype": DTYPE} for n, p in models.items()],
+        "models": [{"name": n, "path": str(p), "dtype": dtype} for n, p in models.items()],
         "policy": {"name": "rstitch", "threshold": tau},
-        "engine": {**ENGINE, "cpu_linear": cpu_linear(models.values()), **engine},
+        "engine": {**ENGINE, "cpu_linear": linear, **engine},
         "shutdown": {"grace_s": 5},
         # One step of the 1.5B in float32 on one thread (a 2,048-token prefill chunk) can
         # outlast the 120 s default, which then reads the engine as hung.

@@ -114,6 +114,8 @@ class Engine:
                 continue  # nothing was computed: no KV for the cache to keep
             item.req.kv_len += item.num_tokens
             item.req.fed_tokens += item.num_tokens
+            if item.req.prefill_only and self.scheduler.ahead_left(item.req) <= 0:
+                self.scheduler.finish(item.req)  # its prompt's blocks: cache entries now
         finite = torch.isfinite(out.logits).all(dim=-1)  # before bans set -inf on purpose
         reqs = [item.req for item in out.items]
         params = [r.params for r in reqs]

@@ -7,6 +7,11 @@ nothing. A handoff carries the committed tokens from `loc`; the tokens this engi
 already holds are checked against it, never appended twice.
 
 A message whose handling raises fails its own request and nothing else.
+
+A Submit reaches an engine other than the entry only with `prefill_ahead` on
+(trd/supervisor/group.py): the prompt is prefilled here at once, at the lowest rank, so a
+handoff that comes later finds it cached (`Request.prefill_only`, trd/engines/scheduler.py).
+Nothing about it reaches the client: if it cannot run, it is not run.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ class Inbox:
     def _submit(self, msg: Submit) -> None:
         if msg.rid in self.out.finished or msg.rid in self.requests:
             return
+        if self.out.index != 0:
+            self._prefill_ahead(msg)
+            return
         try:
             rid = self.engine.add_request(msg.prompt.tolist(), msg.params, rid=msg.rid)
         except (RequestTooLarge, ValueError) as exc:
@@ -66,6 +74,21 @@ class Inbox:
         req.anchors[self.out.index] = len(req.seq)
         req.runnable_since = time.perf_counter()
         self._sync_grammar(req)
+
+    def _prefill_ahead(self, msg: Submit) -> None:
+        cache = self.engine.scheduler.cache
+        if cache is None or len(msg.prompt) <= cache.page_size:
+            return  # no cache to keep it in, or not one whole block to keep
+        try:
+            self.engine.add_request(msg.prompt.tolist(), msg.params, rid=msg.rid)
+        except Exception as exc:  # the entry engine answers for the request
+            log.debug("engine %d: no prefill ahead of %x: %s", self.out.index, msg.rid, exc)
+            return
+        req = self.requests[msg.rid]
+        req.prefill_only = True
+        req.anchors = [0] * self.num_models
+        req.runnable_since = time.perf_counter()
+        self.stats.prefills_ahead += 1
 
     def _handoff(self, msg: PeerReq) -> None:
         if msg.rid in self.out.finished:
@@ -87,6 +110,9 @@ class Inbox:
         else:
             if msg.handoff_seq <= req.handoff_seq:
                 return  # stale or duplicate
+            if req.prefill_only:
+                self.engine.scheduler.adopt(req, msg.params)
+                self.stats.prefills_adopted += 1
             have = len(req.seq)
             if msg.loc > have:
                 raise ValueError(f"handoff gap: tokens from {msg.loc}, this engine has {have}")
@@ -117,7 +143,8 @@ class Inbox:
         req = self.requests.get(rid)
         if req is not None:
             self.engine.scheduler.finish(req)
-            self.out.done(req)
+            if not req.prefill_only:  # the client never hears of a prefill ahead
+                self.out.done(req)
         self.out.remember(rid)
 
     def _fail(self, rid: int, error: str) -> None:

@@ -39,6 +39,11 @@ class Request:
     block_keys: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     cached_blocks: int = 0
     looked_up: bool = False
+    cache_hit: int = 0  # tokens its last lookup matched
+    # A prompt this engine prefills before any handoff of its request arrives
+    # (`prefill_ahead`): it feeds the prompt's full blocks, samples nothing, ends as cache
+    # entries; if the request's handoff comes first, it becomes that request.
+    prefill_only: bool = False
     runnable_since: float = 0.0
     # Routing: anchors[j] = how much of `seq` model j holds a copy of, so a handoff
     # carries only the suffix the destination lacks; handoff_seq orders handoffs.

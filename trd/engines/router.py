@@ -165,4 +165,7 @@ class RoutingEngine:
     def _fail(self, req: Request, error: str) -> None:
         if req.state is not State.FINISHED:
             self.engine.scheduler.finish(req)
+        if req.prefill_only:  # speculative: its request may never come here
+            log.warning("engine %d: prefill ahead of %x failed: %s", self.index, req.rid, error)
+            return
         self.out.fail(req.rid, error, req.anchors)

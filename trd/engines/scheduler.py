@@ -15,6 +15,11 @@ own), and its kv_len jumps to their end. Its computed full blocks are offered to
 cache before each forward, when it leaves its pages and when it finishes, so what a
 request computed serves every later request with the same prefix. Eviction of
 unreferenced cached pages comes before preemption (they are part of `num_free`).
+
+A prefill ahead (`Request.prefill_only`) ranks below every real request: it is scheduled
+after them, preempted before them (and then dropped, not recomputed), never preempts
+one; it is finished, its blocks left to the cache, once it has fed its prompt's last full
+block. Its lookup counts in the cache's counters only when it becomes a request (`adopt`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from trd.engines.pages import PageAllocator
 from trd.engines.prefix_cache import PrefixCache
 from trd.engines.request import Request, State
 from trd.engines.spec import EngineSettings
+from trd.protocol import SamplingParams
 
 
 class RequestTooLarge(ValueError):
@@ -76,16 +82,23 @@ class Scheduler:
         batch: list[Scheduled] = []
         budget = self.max_batch_tokens
         in_batch: set[int] = set()
-        for req in sorted(self.runnable(), key=lambda r: r.arrival):
+        for req in sorted(self.runnable(), key=rank):
             if budget == 0 or len(batch) == self.max_batch_size:
                 break
+            if req.state is State.FINISHED:
+                continue  # a prefill ahead dropped for pages in this loop
             self.match(req)
             self.cache_computed(req)
-            n = min(req.num_unfed, budget)
+            want = self.ahead_left(req) if req.prefill_only else req.num_unfed
+            if want <= 0:
+                self.finish(req)  # a prefill ahead whose blocks are all cached
+                continue
+            n = min(want, budget)
             if not self._reserve(req, req.kv_len + n, in_batch):
                 break  # older requests keep their order; this one waits for pages
             req.state = State.RUNNING
-            batch.append(Scheduled(req, n, completes=n == req.num_unfed))
+            done = n == req.num_unfed and not req.prefill_only
+            batch.append(Scheduled(req, n, completes=done))
             in_batch.add(req.rid)
             budget -= n
         return batch
@@ -115,11 +128,31 @@ class Scheduler:
         hit = cache.match(req.block_keys[:usable])
         cache.acquire(hit)
         req.pages, req.cached_blocks = hit, len(hit)
-        req.kv_len = len(hit) * cache.page_size
-        cache.counters.queried_tokens += len(req.seq)
-        cache.counters.hit_tokens += req.kv_len
+        req.kv_len = req.cache_hit = len(hit) * cache.page_size
+        if not req.prefill_only:
+            self._count_lookup(req)
         if hit and req.state is State.WAITING:
             req.state = State.RUNNING
+
+    def _count_lookup(self, req: Request) -> None:
+        if self.cache is not None:
+            self.cache.counters.queried_tokens += len(req.seq)
+            self.cache.counters.hit_tokens += req.cache_hit
+
+    def ahead_left(self, req: Request) -> int:
+        """Tokens a prefill ahead has still to feed: up to its prompt's last full block
+        (a partial block is not cached, and one token is left for a sampling forward)."""
+        page = self.allocator.page_size
+        return (len(req.seq) - 1) // page * page - req.kv_len
+
+    def adopt(self, req: Request, params: SamplingParams | None) -> None:
+        """A prefill ahead becomes its request, whose handoff has arrived (with the entry
+        engine's params: an unseeded sample's seed is fixed there)."""
+        req.prefill_only = False
+        if params is not None:
+            req.params = params
+        if req.looked_up:
+            self._count_lookup(req)
 
     def cache_computed(self, req: Request) -> None:
         """Offer the request's computed full blocks (its kv_len) to the prefix cache."""
@@ -136,9 +169,9 @@ class Scheduler:
         holders = [
             r
             for r in self.requests.values()
-            if r.pages and r.rid not in in_batch and r is not req and r.arrival > req.arrival
+            if r.pages and r.rid not in in_batch and r is not req and rank(r) > rank(req)
         ]
-        return max(holders, key=lambda r: r.arrival, default=None)
+        return max(holders, key=rank, default=None)
 
     def drop_kv(self, req: Request) -> None:
         """Free a request's pages; it recomputes its committed sequence when it runs again
@@ -148,6 +181,9 @@ class Scheduler:
         req.looked_up = False
 
     def preempt(self, req: Request) -> None:
+        if req.prefill_only:
+            self.finish(req)  # speculative work: dropped, its computed blocks cached
+            return
         self.preemptions += 1
         self.drop_kv(req)
         if req.state is State.RUNNING:
@@ -170,3 +206,8 @@ class Scheduler:
             r.check()
             if len(r.pages) < self.allocator.pages_for(r.kv_len):
                 raise AssertionError(f"request {r.rid}: {r.kv_len} cached tokens, too few pages")
+
+
+def rank(req: Request) -> tuple[bool, float]:
+    """Scheduling order: real requests oldest first, then prefills ahead oldest first."""
+    return req.prefill_only, req.arrival

@@ -97,6 +97,11 @@ class EngineSettings:
                              choices=ATTENTION_BACKENDS)  # fmt: skip
     prefix_cache: bool = setting(True, "keep full KV pages after a request and reuse them "
                                  "for any request with the same prefix")  # fmt: skip
+    prefill_ahead: bool = setting(
+        False, "a model other than the entry prefills each new prompt as it arrives, so a "
+        "handoff to it finds the prompt in its prefix cache (costs its compute for requests "
+        "it never serves; needs prefix_cache)",
+    )  # fmt: skip
     pending_kv: bool = setting(True, "ablation: false frees a request's KV when it leaves")
     step_sync: bool = setting(False, "ablation: true puts a global barrier between steps")
     cuda_graphs: bool = setting(True, "on CUDA: replay captured graphs for steps that fit a bucket")
@@ -112,6 +117,9 @@ class EngineSettings:
             if isinstance(f.default, tuple) and isinstance(getattr(self, f.name), list):
                 object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
         check_settings(self, "engine")
+        if self.prefill_ahead and not self.prefix_cache:
+            raise SettingError("engine.prefill_ahead: true: needs prefix_cache (the prefilled "
+                               "prompt is kept only as prefix-cache entries)")  # fmt: skip
 
     def graph_batches(self) -> tuple[int, ...]:
         """The batch buckets that can occur: those above max_batch_size are never captured."""

@@ -68,6 +68,11 @@ def describe(spec: EngineSpec | RemoteSpec) -> str:
     return spec.describe() if isinstance(spec, RemoteSpec) else f"engine {spec.name!r}"
 
 
+def prefill_ahead(specs: Sequence[EngineSpec | RemoteSpec]) -> list[int]:
+    """The engines besides the entry that take each new prompt too, to prefill it."""
+    return [s.index for s in specs if s.index != 0 and s.settings.prefill_ahead]
+
+
 class EngineGroup:
     def __init__(
         self, specs: Sequence[EngineSpec | RemoteSpec], ring_capacity: int = 4 << 20
@@ -167,7 +172,11 @@ class EngineGroup:
         self._rid += 1
         gen = Generation(self._rid_base | self._rid, len(prompt))
         self.gens[gen.rid] = gen
-        self._send(0, Submit(gen.rid, np.asarray(prompt, dtype=np.int32), params))
+        submit = Submit(gen.rid, np.asarray(prompt, dtype=np.int32), params)
+        self._send(0, submit)
+        for j in prefill_ahead(self.specs):  # the prompt's KV there too, now (inbox.py)
+            if j not in self.dead:
+                self._send(j, submit)
         return gen
 
     def abort(self, rid: int) -> None:

@@ -27,6 +27,7 @@ from trd.ipc.names import FRONTEND
 from trd.policies.params import PolicySpec
 from trd.protocol import Done, Emit, Message, PeerReq, SamplingParams, Submit, decode, encode
 from trd.supervisor.generation import Generation
+from trd.supervisor.group import prefill_ahead
 from trd.testing.reference import Trace
 
 Job = tuple[list[int], SamplingParams]
@@ -40,6 +41,7 @@ class Wiring:
         self.rng = None if seed is None else random.Random(seed)
         self.inbox: dict[int, list[Message]] = {n: [] for n in [FRONTEND, *range(len(specs))]}
         self.engines: list[RoutingEngine] = [build(spec, self._send) for spec in specs]
+        self.ahead = prefill_ahead(specs)
         self.tracked: dict[int, Generation] = {}
         self.injected = 0
 
@@ -64,7 +66,8 @@ class Wiring:
 
     def submit(self, rid: int, prompt: list[int], params: SamplingParams) -> None:
         self.tracked[rid] = Generation(rid, len(prompt))
-        self.inbox[0].append(Submit(rid, np.asarray(prompt, np.int32), params))
+        for node in [0, *self.ahead]:  # as the engine group sends it
+            self.inbox[node].append(Submit(rid, np.asarray(prompt, np.int32), params))
 
     def tick(self) -> None:
         """Seeded: one random engine reads part of its inbox and maybe steps; else every
