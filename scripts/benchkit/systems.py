@@ -114,9 +114,11 @@ class Daemon:
     server: Server
     admin: str  # admin API base URL
 
-    def fresh_stats(self, since: float, timeout: float = 10.0) -> dict[str, dict[str, Any]]:
+    def fresh_stats(self, since: float, timeout: float = 300.0) -> dict[str, dict[str, Any]]:
         """Every engine's raw stats, published after wall time `since` (engines publish
-        every 0.5 s): a snapshot that holds every step before `since`."""
+        every 0.5 s, and after a step that outlasts that): a snapshot that holds every step
+        before `since`. One step can take a minute (a float32 1.5B prefill chunk on one
+        thread, or prefills ahead of the warm-up's requests), hence the timeout."""
         deadline = time.monotonic() + timeout
         while True:
             stats: dict[str, dict[str, Any]] = self.admin_get("/stats/raw")
