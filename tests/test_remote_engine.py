@@ -1,7 +1,8 @@
 """The large model on another host: `tokenrouterd engine` in a second network namespace,
 joined to this one by a veth pair with link-local addresses; the daemon runs here.
 
-Both hosts read one config file (float64, scripted routing with handoffs both ways).
+Both hosts read one config file (float64, scripted routing with handoffs both ways; the
+remote large model prefills each prompt ahead, `prefill_ahead`, so Submits cross too).
 One remote engine host serves the whole module, in this order:
 
     engines across the hosts equal the reference loop at concurrency 1, 4 and 16
@@ -46,7 +47,7 @@ from trd.testing.wiring import check_fed
 
 from benchkit.netns import NetNs, why_not
 from daemon_fixture import REPO_ROOT, Daemon, free_port, launch_daemon, shm_segments, wait_serving
-from routing_cases import cache_hits, jobs, reference
+from routing_cases import cache_hits, fresh_stats, jobs, reference
 
 PORT = 7070
 TOKEN = "remote-test-token-0123456789"
@@ -122,7 +123,7 @@ def config(
         "models": [
             {"name": "small", "path": str(tiny_models["small"]), "dtype": "float64"},
             {"name": "large", "path": str(tiny_models["large"]), "dtype": "float64",
-             "remote": f"{ns.peer_ip}:{PORT}"},
+             "remote": f"{ns.peer_ip}:{PORT}", "prefill_ahead": True},
         ],
         "remote_token": TOKEN, "policy": {"name": "scripted", **POLICY},
         "engine": {"threads": 1, "max_batch_tokens": 512},
@@ -179,6 +180,9 @@ def test_engines_across_hosts_equal_the_reference(
             after = cache_hits(group, 2)
             check_fed(results, expected, {m: after[m] - before[m] for m in after})
             before = after
+        # Every prompt longer than a block was sent across to be prefilled ahead.
+        long = sum(len(p) > specs[1].settings.page_size for p, _ in work)
+        assert fresh_stats(group, 1)["prefills_ahead"] == 3 * long > 0
     finally:
         group.close()
 
