@@ -80,6 +80,7 @@ class EngineGroup:
         if not specs:
             raise ValueError("an engine group needs at least one engine")
         self.specs = list(specs)
+        self.ahead = prefill_ahead(self.specs)  # they get each Submit too
         self.ring_capacity = ring_capacity
         self.procs: list[BaseProcess] = []
         self.ready: dict[int, Ready] = {}
@@ -174,9 +175,8 @@ class EngineGroup:
         self.gens[gen.rid] = gen
         submit = Submit(gen.rid, np.asarray(prompt, dtype=np.int32), params)
         self._send(0, submit)
-        for j in prefill_ahead(self.specs):  # the prompt's KV there too, now (inbox.py)
-            if j not in self.dead:
-                self._send(j, submit)
+        for j in self.ahead:  # the prompt's KV there too, now (inbox.py)
+            self._send(j, submit)
         return gen
 
     def abort(self, rid: int) -> None:
