@@ -20,11 +20,21 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from trd.engines.loop import stats_body
 from trd.protocol import FinishReason, SamplingParams
 from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
-from trd.testing.wiring import assert_matches
+from trd.testing.wiring import Wiring, assert_matches
 
-from routing_cases import GLIMP, MODEL_SETS, jobs, prompts, reference, shared_prefix_jobs, wired
+from routing_cases import (
+    GLIMP,
+    MODEL_SETS,
+    jobs,
+    prompts,
+    reference,
+    shared_prefix_jobs,
+    specs,
+    wired,
+)
 
 CASES = [
     ("rstitch", {"threshold": 0.78}, 2),
@@ -174,3 +184,31 @@ def test_prefill_ahead_matches_the_reference(
         assert taken[0] == 0 and all(t > 0 for t in taken[1:]), taken
         adopted += sum(e.stats.prefills_adopted for e in wiring.engines)
     assert adopted > 0  # some handoffs came while their prompt's prefill ran
+
+
+def test_status_counts_a_prefill_ahead_apart_from_requests(tiny_models: dict[str, Path]) -> None:
+    """Status (trctl, /metrics) of the large engine while a prefill ahead is there: the
+    running and waiting counts (requests only, the queue-depth gauge) leave it out,
+    `prefilling_ahead` counts it until it has run."""
+    paths = [tiny_models[n] for n in MODEL_SETS[2]]
+    engine_specs = specs(paths, "scripted", {"schedule": [1]}, prefill_ahead=True,
+                         max_batch_tokens=16)  # fmt: skip
+    wiring = Wiring(engine_specs)
+    prompt, _ = shared_prefix_jobs(paths[0])[0]  # four whole blocks and a token
+    wiring.submit(0, prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+    status = [lambda i=i: json.loads(stats_body(engine_specs[i], wiring.engines[i]))
+              for i in range(2)]  # fmt: skip
+    for i, engine in enumerate(wiring.engines):
+        for msg in wiring.inbox[i]:
+            engine.inbox.handle(msg)
+    small, large = status[0](), status[1]()
+    assert (small["waiting"], small["prefilling_ahead"]) == (1, 0)
+    assert (large["running"], large["waiting"], large["prefilling_ahead"]) == (0, 0, 1)
+    wiring.engines[1].step()  # one block of four: still there, and running now
+    large = status[1]()
+    assert (large["running"], large["waiting"], large["prefilling_ahead"]) == (0, 0, 1)
+    while wiring.engines[1].engine.has_unfinished():
+        wiring.engines[1].step()
+    large = status[1]()
+    assert (large["prefilling_ahead"], large["prefills_ahead"]) == (0, 1)
+    assert large["prefix_cache"]["cached_pages"] == 4

@@ -108,7 +108,10 @@ def spin(endpoint: Endpoint, seconds: float, stop: Callable[[], bool]) -> None:
 
 def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
     sched = node.engine.scheduler
-    states = [r.state for r in sched.requests.values()]
+    # A prefill ahead is no request of this engine's (yet): counted apart, so the
+    # running and waiting columns and the queue-depth gauge count only requests.
+    ahead = sum(r.prefill_only for r in sched.requests.values())
+    states = [r.state for r in sched.requests.values() if not r.prefill_only]
     alloc = sched.allocator
     body = {
         "model": spec.index, "name": spec.name, "pid": os.getpid(),
@@ -116,7 +119,8 @@ def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
         "policy": {"name": spec.policy.name, **spec.policy.params},
         "policy_threshold": node.policy.threshold,
         "running": states.count(State.RUNNING), "waiting": states.count(State.WAITING),
-        "pending": states.count(State.PENDING), "kv_pages_total": alloc.num_pages,
+        "pending": states.count(State.PENDING), "prefilling_ahead": ahead,
+        "kv_pages_total": alloc.num_pages,
         "kv_pages_used": alloc.num_pages - alloc.num_free, "page_size": alloc.page_size,
         "prefix_cache": prefix_cache_stats(sched.cache),
         "thresholds": node.launch.thresholds, "max_wait_ms": node.launch.max_wait * 1e3,

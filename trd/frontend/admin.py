@@ -121,6 +121,7 @@ class AdminApi:
                 "handoffs_out": s.get("handoffs_out"), "thresholds": s.get("thresholds"),
                 "max_wait_ms": s.get("max_wait_ms"), "threads": s.get("threads"),
                 "wide_forwards": s.get("wide_forwards"), "prefix_cache": s.get("prefix_cache"),
+                "prefilling_ahead": s.get("prefilling_ahead"),
                 "prefills_ahead": s.get("prefills_ahead"),
                 "prefills_adopted": s.get("prefills_adopted"),
             })  # fmt: skip

@@ -34,6 +34,7 @@ class _EngineCollector(Collector):
         ("trd_engine_queue_depth", "waiting", "Requests waiting for a forward on the engine"),
         ("trd_engine_running", "running", "Requests in the engine's running set"),
         ("trd_engine_pending", "pending", "Requests handed to a peer, keeping their KV pages"),
+        ("trd_engine_prefilling_ahead", "prefilling_ahead", "Prompts the engine prefills ahead"),
         ("trd_engine_batch_size", "batch_size_mean", "Mean batch size of recent forwards"),
         ("trd_engine_step_ms_p50", "step_ms_p50", "Median forward latency in ms"),
         ("trd_kv_pages_used", "kv_pages_used", "KV cache pages in use"),
