@@ -1,11 +1,13 @@
 """Turn `scripts/bench.py`'s JSON into docs/benchmarks.md and its matplotlib plots.
 
     .venv/bin/python scripts/bench_report.py bench_results/demo.json \\
-        [--tiny bench_results/tiny.json] [--sections docs/benchmark_sections.md] \\
-        [--out docs/benchmarks.md]
+        [--extra bench_results/demo_long.json] [--tiny bench_results/tiny.json] \\
+        [--sections docs/benchmark_sections.md] [--out docs/benchmarks.md]
 
-The main JSON (the real pair) gives the report; `--tiny` adds the fixture pair's run as
-a second, quicker table; `--sections` appends hand-written sections (runs of other
+The main JSON (the real pair) gives the report; `--extra` adds further runs of the main
+pair under other plans (e.g. `pair_long`, the output lengths), each with its targets,
+identity, ceiling and runs; `--tiny` adds the fixture pair's run as a second, quicker
+table; `--sections` appends hand-written sections (runs of other
 scripts, kept in their own file) as they are, before the list of systems. Every sentence
 that depends on a run is generated from that run's JSON: the machine, the pair, the plan,
 the verdicts and their reasons, the notes.
@@ -113,8 +115,47 @@ def pair_section(data: dict[str, Any], title: str) -> tuple[list[str], list[Any]
     return lines, rows
 
 
+def extra_section(data: dict[str, Any], main_n: int) -> list[str]:
+    """A further run of the main pair: its own targets, identity, ceiling, runs, notes.
+
+    `main_n`: the main run's largest N, where the targets are set."""
+    title = f"Plan `{data['plan_name']}`: pair `{data['pair']['name']}`"
+    lines, rows = pair_section(data, title)
+    ident = identity(data["runs"], data["reference"])
+    n = top(data)
+    at_n = [] if n == main_n else [
+        f"The targets above are set for the largest N (N={main_n} in the main run); this "
+        f"plan's largest N is {n}, so its rows record N={n} against them, not the verdicts "
+        f"at N={main_n}.", "",
+    ]  # fmt: skip
+    return [
+        *lines,
+        *at_n,
+        "Output identity:",
+        "",
+        *identity_table(ident),
+        "",
+        f"Forward-only ceiling ({data['bound']['kind']} bound):",
+        "",
+        *ceiling_table(data["runs"]),
+        "",
+        "Runs:",
+        "",
+        *run_table(data["runs"]),
+        "",
+        "Notes:",
+        "",
+        *[f"- {note}" for note in notes(data, rows, top(data))],
+        "",
+    ]
+
+
 def render(
-    data: dict[str, Any], out: Path, tiny: dict[str, Any] | None = None, sections: str = ""
+    data: dict[str, Any],
+    out: Path,
+    tiny: dict[str, Any] | None = None,
+    sections: str = "",
+    extras: list[dict[str, Any]] | None = None,
 ) -> str:
     runs, n = data["runs"], top(data)
     ident = identity(runs, data["reference"])
@@ -170,13 +211,15 @@ def render(
         *[f"- {note}" for note in notes(data, rows, n)],
         "",
     ]
+    for extra in extras or []:
+        lines += extra_section(extra, n)
     if tiny is not None:
         second, tiny_rows = pair_section(tiny, f"Second table: pair `{tiny['pair']['name']}`")
         lines += [*second, "Notes:", "",
                   *[f"- {note}" for note in notes(tiny, tiny_rows, top(tiny))], ""]  # fmt: skip
     if sections:  # without the file's leading comment (it speaks to whoever edits it)
         lines += [re.sub(r"\A<!--.*?-->\s*", "", sections, flags=re.S).rstrip(), ""]
-    ran = {r["system"] for d in (data, tiny) if d is not None for r in d["runs"]}
+    ran = {r["system"] for d in (data, tiny, *(extras or [])) if d is not None for r in d["runs"]}
     lines += ["## Systems", "", *(f"- **{k}**: {v}" for k, v in SYSTEMS.items() if k in ran)]
     return "\n".join(lines) + "\n"
 
@@ -184,6 +227,8 @@ def render(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("results", type=Path, help="the main run (the real pair)")
+    ap.add_argument("--extra", type=Path, nargs="+", default=[],
+                    help="further runs of the main pair (other plans): a section each")  # fmt: skip
     ap.add_argument("--tiny", type=Path, help="the fixture pair's run: a second table")
     ap.add_argument("--sections", type=Path, help="hand-written sections to append (markdown)")
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
@@ -191,7 +236,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tiny = json.loads(args.tiny.read_text()) if args.tiny else None
     sections = args.sections.read_text() if args.sections else ""
-    args.out.write_text(render(json.loads(args.results.read_text()), args.out, tiny, sections))
+    extras = [json.loads(path.read_text()) for path in args.extra]
+    main_run = json.loads(args.results.read_text())
+    args.out.write_text(render(main_run, args.out, tiny, sections, extras))
     print(f"wrote {args.out}")
 
 

@@ -186,11 +186,18 @@ def test_a_throughput_above_its_bound_is_not_comparable(result: Data) -> None:
 
 def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
     hand = "<!-- a note to the editor -->\n\n## Hand-written\n\nA measured run.\n"
-    md = render(result, tmp_path / "benchmarks.md", tiny=result, sections=hand)
+    extra = {**result, "plan_name": "pair_long"}  # a further run of the main pair
+    md = render(result, tmp_path / "benchmarks.md", tiny=result, sections=hand, extras=[extra])
     assert "## Hand-written\n\nA measured run.\n\n## Systems" in md and "editor" not in md
     for row in rows_of(result).values():
         assert row.markdown() in md
-    assert md.count("| every request identical to the reference | all |") == 2  # main + tiny
+    # main + the extra run + tiny, the extra one before the tiny table
+    assert md.count("| every request identical to the reference | all |") == 3
+    assert md.index("## Plan `pair_long`: pair `tiny`") < md.index("## Second table")
+    assert "this plan's largest N is" not in md  # the same N as the main run's
+    fewer = {**extra, "plan": {**extra["plan"], "ns": [1]}}
+    md3 = render(result, tmp_path / "fewer.md", extras=[fewer])
+    assert f"(N={max(result['plan']['ns'])} in the main run); this plan's largest N is 1" in md3
     assert "no GPU" in md and "ran 2 time(s)" in md
     for png in ("throughput_vs_n", "efficiency_vs_length", "ablations"):
         assert (tmp_path / f"bench_{png}.png").stat().st_size > 1000
@@ -287,3 +294,6 @@ def test_the_pair_plan_serves_only_the_short_workload(tiny_models: dict[str, Pat
     bench = Bench(plan, load_pair("tiny", CACHE_DIR), 0.5, Path("."))
     assert [(w.name, n) for w, n in bench.reference_jobs()] == [("short", 16)]
     assert plan.long == 0 and not plan.forced_delay and plan.ns == (1, 4, 16)
+    # pair_long: the output lengths at N=4, the loop on those 4 prompts of each workload
+    long = Bench(PLANS["pair_long"], load_pair("tiny", CACHE_DIR), 0.5, Path("."))
+    assert [(w.name, n) for w, n in long.reference_jobs()] == [("short", 4), ("long@1024", 4)]

@@ -20,6 +20,11 @@ prefix cache, and no length sweep, forced-delay run or ablation daemons: the off
 loop alone, one request at a time, would need about 80 minutes for 16 requests of 1024
 tokens there.
 
+`pair_long` is the output-length half that `pair` leaves out, cut to what the loop allows
+there: at N=4, 256- and 1024-token outputs of the long workload for tokenrouterd,
+1024 for standard serving, the short workload beside them (about 80 minutes, 40 of
+them the loop on 4 prompts of each workload).
+
 `smoke` runs every path at a tiny size; it leaves out the separate ablation daemons and
 std_nocache (the same code as tokenrouterd and std with one setting changed, which the
 engine's and the standard server's own tests cover). Its numbers mean nothing.
@@ -68,6 +73,11 @@ PLANS = {
     "pair": Plan(
         ns=(1, 4, 16), rounds=1, min_requests=2, lengths=(), std_length=0, agent_requests=0,
         repeats=1, ablation_daemons=False, std_systems=("std",), forced_delay=False,
+    ),
+    "pair_long": Plan(
+        ns=(4,), rounds=1, min_requests=4, lengths=(256, 1024), std_length=1024,
+        agent_requests=0, repeats=1, ablation_daemons=False, std_systems=("std",),
+        forced_delay=False,
     ),
     "smoke": Plan(
         ns=(1, 2), rounds=1, min_requests=2, lengths=(8, 16), std_length=8, agent_requests=2,
