@@ -22,8 +22,8 @@ tokens there.
 
 `pair_long` is the output-length half that `pair` leaves out, cut to what the loop allows
 there: at N=4, 256- and 1024-token outputs of the long workload for tokenrouterd,
-1024 for standard serving, the short workload beside them (about 80 minutes, 40 of
-them the loop on 4 prompts of each workload).
+1024 for standard serving, the short workload beside them (53 minutes on 2 cores, 20
+of them the loop on 4 prompts of each workload).
 
 `smoke` runs every path at a tiny size; it leaves out the separate ablation daemons and
 std_nocache (the same code as tokenrouterd and std with one setting changed, which the
