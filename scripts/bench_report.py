@@ -145,7 +145,7 @@ def extra_section(data: dict[str, Any], main_n: int) -> list[str]:
         "",
         "Notes:",
         "",
-        *[f"- {note}" for note in notes(data, rows, top(data))],
+        *[f"- {note}" for note in notes(data, rows, n)],
         "",
     ]
 
