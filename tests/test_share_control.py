@@ -36,14 +36,22 @@ def plant(tau: float, raises: bool) -> float:
 
 class Plant:
     """Tokens as a serving engine commits them: CHAINS requests, each a two-state chain
-    whose large runs last `run` tokens on average, at the share plant(tau) in force."""
+    whose large runs last `run` tokens on average, at the share plant(tau) in force. A
+    threshold set reaches the engine `lag` ticks later, as the daemon's Stats arrive up to
+    half a tick late (the entry engine reports the threshold it decides with)."""
 
     CHAINS = 8
 
-    def __init__(self, run: float, seed: int) -> None:
+    def __init__(self, run: float, seed: int, lag: int = 0) -> None:
         self.run, self.rng = run, random.Random(seed)
         self.in_large = [False] * self.CHAINS
         self.large = self.total = self.visits = 0
+        self.taus = [0.95] * (lag + 1)
+
+    def tick(self, n: int, tau: float | None, raises: bool) -> None:
+        """`n` tokens at the threshold set `lag` ticks ago, after the loop set `tau`."""
+        self.commit(n, plant(self.taus[0], raises))
+        self.taus = [*self.taus[1:], self.taus[-1] if tau is None else tau]
 
     def commit(self, n: int, share: float) -> None:
         leave = 1 / self.run
@@ -58,27 +66,38 @@ class Plant:
             self.total += 1
 
     def stats(self) -> list[dict[str, Any]]:
-        return [{"tokens_committed": self.total - self.large, "policy_threshold": 0.95},
+        return [{"tokens_committed": self.total - self.large, "policy_threshold": self.taus[0]},
                 {"tokens_committed": self.large, "handoffs_in": self.visits}]  # fmt: skip
 
 
+@pytest.mark.parametrize(("per_tick", "lag"), [(300, 0), (1500, 1), (1500, 2)])
 @pytest.mark.parametrize("run", [1.0, 6.0])
 @pytest.mark.parametrize("name", ["rstitch", "citer"])
-def test_the_loop_converges_and_holds_on_a_noisy_plant(name: str, run: float) -> None:
+def test_the_loop_converges_and_holds_on_a_noisy_plant(
+    name: str, run: float, per_tick: int, lag: int
+) -> None:
     """citer's threshold raises the share, R-Stitch's lowers it: the loop knows which; with
-    large runs of 6 tokens (a window's share 2-3x noisier) it holds as well."""
+    large runs of 6 tokens (a window's share 2-3x noisier) it holds near it. With a tick's
+    worth of tokens past MIN_TOKENS and a threshold in force ticks after it was set (the
+    daemon's case), a window begun at the move swung the threshold in a limit cycle."""
     scale = THRESHOLDS[name]
     ctl = ShareControl(TARGET, scale)
-    tokens = Plant(run, seed=1)
+    tokens = Plant(run, seed=1, lag=lag)
     taus, shares = [], []
     for tick in range(200):
-        share = plant(ctl.tau if ctl.tau is not None else 0.95, scale.raises_share)
-        tokens.commit(300, share)
-        ctl.observe(float(tick), tokens.stats())
+        shares.append(plant(tokens.taus[0], scale.raises_share))
+        tau = ctl.observe(float(tick), tokens.stats())
         assert ctl.tau is not None and scale.low <= ctl.tau <= scale.high
         taus.append(ctl.tau)
-        shares.append(share)
-    assert all(abs(s - TARGET) <= 0.03 for s in shares[60:]), shares[60:]
+        tokens.tick(per_tick, tau, scale.raises_share)
+    errors = [abs(s - TARGET) for s in shares[100:]]
+    if run == 1.0:
+        assert max(errors) <= 0.03, shares[100:]
+    else:
+        # A window's noise with runs of 6 is about 0.03 even at MAX_WINDOW_TOKENS, so the
+        # share wanders that much around the target (calibrated on 40 seeds: mean error at
+        # most 0.032, worst tick 0.12); a limit cycle swings it by 0.7
+        assert sum(errors) / len(errors) <= 0.04 and max(errors) <= 0.15, shares[100:]
     steps = [abs(a - b) for a, b in itertools.pairwise(taus)]
     assert max(steps) <= 0.1 + 1e-12  # bounded moves
     assert ctl.moves < 30  # near the target, sampling noise alone seldom moves it

@@ -1,9 +1,9 @@
 """Holding the large model's share of committed tokens at a target by moving a threshold.
 
 With `policy: {..., target_large_share: s}` the daemon reads, every TICK_S, the engines'
-counters of committed tokens (their Stats). A measurement window starts at each move; the
-large (last) model's share of the n tokens committed since is the measured share, once
-n >= MIN_TOKENS:
+counters of committed tokens (their Stats). A measurement window starts once each move
+is in force (below); the large (last) model's share of the n tokens committed since is
+the measured share, once n >= MIN_TOKENS:
 
     e = measured - target            |e| within the noise, max(DEADBAND, NOISE_Z times
                                      the sampling deviation of a window of n tokens): hold,
@@ -15,6 +15,13 @@ n >= MIN_TOKENS:
                to how steeply the share answers, which differs by policy and workload),
                within [MIN_STEP, MAX_STEP] of the threshold's range
     tau = clamp(tau +- step * min(1, |e| / FULL_STEP_ERROR), low, high)
+
+A window starts only once the move is in force: at the first look whose entry-engine
+Stats report the new threshold. Engines send Stats every half second, so a window begun at
+the move would hold up to a tick of tokens routed under the old threshold; with a window
+of one tick (the daemon commits thousands of tokens a second) the error keeps its sign a
+move too long, the step grows on it, and the threshold swings in a limit cycle (seen: a
+60 s cycle 0.72 -> 0.94 -> 0.72 on the fixtures, where 0.835 held the target).
 
 The sampling deviation is the binomial one inflated for runs: a request stays with the
 large model for several tokens, so tokens are not independent draws. As a two-state
@@ -59,6 +66,7 @@ class ShareControl:
     step: float = FIRST_STEP
     sign: int = 0  # of the last error acted on
     base: tuple[int, int, int] | None = None  # (large, all, visits) when the window began
+    in_force: bool = True  # the entry engine reports tau: a window may begin
     moves: int = 0
     history: deque[tuple[float, int, int]] = field(default_factory=deque)
 
@@ -70,8 +78,8 @@ class ShareControl:
             or "handoffs_in" not in stats[-1]
         ):
             return None
+        reported = stats[0].get("policy_threshold")
         if self.tau is None:
-            reported = stats[0].get("policy_threshold")
             if reported is None:
                 return None
             self.tau = float(reported)
@@ -80,8 +88,13 @@ class ShareControl:
         total = sum(int(s["tokens_committed"]) for s in stats)
         self._remember(now, large, total)
         now_counts = (large, total, visits)
+        if not self.in_force:
+            # an engine restarted since starts with the keeper's tau, so this comes
+            if reported is None or float(reported) != self.tau:
+                return None
+            self.in_force = True
         if self.base is None or any(n < b for n, b in zip(now_counts, self.base, strict=True)):
-            self.base = now_counts  # the first look, or the engines restarted
+            self.base = now_counts  # the first look, the move in force, or a restart
             return None
         done = total - self.base[1]
         if done < MIN_TOKENS:
@@ -94,7 +107,6 @@ class ShareControl:
             if done >= MAX_WINDOW_TOKENS:
                 self.base = now_counts
             return None
-        self.base = now_counts
         sign = 1 if error > 0 else -1
         if self.sign:
             self.step = self.step * 1.5 if sign == self.sign else self.step / 2
@@ -106,6 +118,7 @@ class ShareControl:
         move = self.step * min(1.0, abs(error) / FULL_STEP_ERROR) * (hi - lo)
         self.tau = min(hi, max(lo, old + sign * toward_less * move))
         self.moves += 1
+        self.base, self.in_force = None, self.tau == old
         log.info("large share %.3f over %d tokens (target %.3f): threshold %.6g -> %.6g",
                  share, done, self.target, old, self.tau)  # fmt: skip
         return self.tau
