@@ -12,6 +12,7 @@ benchmark scripts' short runs) start early the same way: tests/background.py.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -36,6 +37,9 @@ os.environ.setdefault("TRD_CACHE_DIR", str(CACHE_DIR))
 # One thread in the test process: next to the engine processes under test, OpenMP
 # threads spin against them on a 2-core machine and everything runs many times slower.
 torch.set_num_threads(1)
+# The openai client logs every request at INFO: a failing load test's report held
+# thousands of such lines, and CI keeps only the log's tail, so the failure was not in it.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
 _build: subprocess.Popen[bytes] | None = None
 
 

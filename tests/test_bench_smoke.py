@@ -154,6 +154,11 @@ def test_targets_are_judged_like_for_like(result: Data) -> None:
     run_of(fewer, "official", "short", 1)["prompt_set"] = "other"
     assert "different prompts" in rows_of(fewer)[f"tokenrouterd N={top} / official"].why
 
+    assert rows["tokenrouterd / std"].verdict in {"met", "missed"}
+    no_std = {**result, "runs": [r for r in result["runs"] if not r["system"].startswith("std")]}
+    row = rows_of(no_std)["tokenrouterd / std"]  # a plan without standard serving (pair_long16)
+    assert (row.verdict, row.why) == ("not comparable", "the plan runs no standard serving")
+
 
 def test_a_changed_output_fails_its_rows(result: Data) -> None:
     top = max(PLANS["smoke"].ns)
@@ -297,3 +302,6 @@ def test_the_pair_plan_serves_only_the_short_workload(tiny_models: dict[str, Pat
     # pair_long: the output lengths at N=4, the loop on those 4 prompts of each workload
     long = Bench(PLANS["pair_long"], load_pair("tiny", CACHE_DIR), 0.5, Path("."))
     assert [(w.name, n) for w, n in long.reference_jobs()] == [("short", 4), ("long@1024", 4)]
+    long16 = Bench(PLANS["pair_long16"], load_pair("tiny", CACHE_DIR), 0.5, Path("."))
+    jobs = [(w.name, n) for w, n in long16.reference_jobs()]
+    assert jobs == [("short", 16), ("long@1024", 16)] and not PLANS["pair_long16"].std_systems

@@ -25,6 +25,11 @@ there: at N=4, 256- and 1024-token outputs of the long workload for tokenrouterd
 1024 for standard serving, the short workload beside them (53 minutes on 2 cores, 20
 of them the loop on 4 prompts of each workload).
 
+`pair_long16` is the 1024-token half of that at N=16: tokenrouterd on 16 prompts of
+1024 tokens (the short workload beside them), every output against the loop, which
+needs about 80 minutes of the run's 100 for those 16 + 16 prompts; standard serving
+is left out (about 40 minutes more; `pair_long` has it at 1024 tokens).
+
 `smoke` runs every path at a tiny size; it leaves out the separate ablation daemons and
 std_nocache (the same code as tokenrouterd and std with one setting changed, which the
 engine's and the standard server's own tests cover). Its numbers mean nothing.
@@ -78,6 +83,10 @@ PLANS = {
         ns=(4,), rounds=1, min_requests=4, lengths=(256, 1024), std_length=1024,
         agent_requests=0, repeats=1, ablation_daemons=False, std_systems=("std",),
         forced_delay=False,
+    ),
+    "pair_long16": Plan(
+        ns=(16,), rounds=1, min_requests=16, lengths=(1024,), std_length=0,
+        agent_requests=0, repeats=1, ablation_daemons=False, std_systems=(), forced_delay=False,
     ),
     "smoke": Plan(
         ns=(1, 2), rounds=1, min_requests=2, lengths=(8, 16), std_length=8, agent_requests=2,

@@ -247,12 +247,17 @@ def target_rows(runs: list[Run], ident: list[dict[str, Any]], top_n: int, pair: 
     if (a := find(runs, *spec(f"{FULL} {wl}"))) and (b := find(runs, *spec(f"std_nocache {wl}"))):
         extra = f"; vs std_nocache {a['throughput'] / b['throughput']:.2f}x"
     x = OFFICIAL_X[pair]
+    std_row = (
+        ratio_row(f"tokenrouterd / std, {std['max_tokens']} tokens, N={top_n}", ">= 5x", runs,
+                  (f"{FULL} {wl}", f"std {wl}"), lambda v: v >= 5, ident, extra)
+        if std else Row(f"tokenrouterd / std, N={top_n}", ">= 5x", "not run", "not comparable",
+                        "the plan runs no standard serving")
+    )  # fmt: skip
     rows = [
         ratio_row(f"tokenrouterd N={top_n} / official", f">= {x:g}x", runs,
                   (f"{FULL} {top}", "official short"), lambda v: v >= x, ident),
         single_user_row(runs, ident),
-        ratio_row(f"tokenrouterd / std, {std['max_tokens'] if std else '?'} tokens, N={top_n}",
-                  ">= 5x", runs, (f"{FULL} {wl}", f"std {wl}"), lambda v: v >= 5, ident, extra),
+        std_row,
         length_row(runs, top_n, ident),
         ceiling_row(full, ident),
         batching_row(full, ident),
