@@ -66,7 +66,6 @@ class ShareControl:
     step: float = FIRST_STEP
     sign: int = 0  # of the last error acted on
     base: tuple[int, int, int] | None = None  # (large, all, visits) when the window began
-    in_force: bool = True  # the entry engine reports tau: a window may begin
     moves: int = 0
     history: deque[tuple[float, int, int]] = field(default_factory=deque)
 
@@ -88,11 +87,8 @@ class ShareControl:
         total = sum(int(s["tokens_committed"]) for s in stats)
         self._remember(now, large, total)
         now_counts = (large, total, visits)
-        if not self.in_force:
-            # an engine restarted since starts with the keeper's tau, so this comes
-            if reported is None or float(reported) != self.tau:
-                return None
-            self.in_force = True
+        if self.base is None and (reported is None or float(reported) != self.tau):
+            return None  # the move is not in force yet (a restarted engine starts with it)
         if self.base is None or any(n < b for n, b in zip(now_counts, self.base, strict=True)):
             self.base = now_counts  # the first look, the move in force, or a restart
             return None
@@ -118,7 +114,7 @@ class ShareControl:
         move = self.step * min(1.0, abs(error) / FULL_STEP_ERROR) * (hi - lo)
         self.tau = min(hi, max(lo, old + sign * toward_less * move))
         self.moves += 1
-        self.base, self.in_force = None, self.tau == old
+        self.base = None  # the next window begins once the entry engine reports the move
         log.info("large share %.3f over %d tokens (target %.3f): threshold %.6g -> %.6g",
                  share, done, self.target, old, self.tau)  # fmt: skip
         return self.tau
