@@ -27,7 +27,7 @@ of them the loop on 4 prompts of each workload).
 
 `pair_long16` is the 1024-token half of that at N=16: tokenrouterd on 16 prompts of
 1024 tokens (the short workload beside them), every output against the loop, which
-needs about 80 minutes of the run's 100 for those 16 + 16 prompts; standard serving
+took 85 minutes of the run's 109 on 2 cores for those 16 + 16 prompts; standard serving
 is left out (about 40 minutes more; `pair_long` has it at 1024 tokens).
 
 `smoke` runs every path at a tiny size; it leaves out the separate ablation daemons and
