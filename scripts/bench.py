@@ -75,8 +75,8 @@ def main() -> None:
         default=",".join(DEFAULT_SYSTEMS),
         help="agent: the systems to run, of "
         + ",".join(SYSTEMS)
-        + " (the first is the reference the others must equal; default: all but the *_wide "
-        "ones, whose forwards may use every core, and tokenrouterd_ahead)",
+        + " (the first is the reference the others must equal; default: all but those named "
+        "*_wide*, whose forwards may use every core, and tokenrouterd_ahead)",
     )
     ap.add_argument(
         "--agent-per-worker", type=int, default=2,
