@@ -111,7 +111,8 @@ def test_eviction_under_pressure_keeps_outputs_and_leaks_nothing(
         assert cache["cached_pages"] == cache["evictable_pages"] > 0, e  # all evictable
         assert 0 < cache["hits"] < cache["queries"], e
     assert sum(e["prefix_cache"]["evictions"] for e in engines) > 0
-    assert (engines[0]["prefills_ahead"], engines[1]["prefills_ahead"]) == (0, 2 * len(work))
+    ahead = [e["prefills_ahead"] + e["prefills_late"] for e in engines]
+    assert ahead == [0, 2 * len(work)] and engines[1]["prefills_ahead"] > 0, engines
     status = daemon.status()
     assert status["restarts"] == 0, daemon.log()  # no engine failed its integrity check
     assert hits_metric(daemon)["small"] == engines[0]["prefix_cache"]["hits"]

@@ -180,9 +180,12 @@ def test_engines_across_hosts_equal_the_reference(
             after = cache_hits(group, 2)
             check_fed(results, expected, {m: after[m] - before[m] for m in after})
             before = after
-        # Every prompt longer than a block was sent across to be prefilled ahead.
+        # Every prompt longer than a block was sent across to be prefilled ahead; one
+        # whose handoff crossed first (another link) came late and was not.
         long = sum(len(p) > specs[1].settings.page_size for p, _ in work)
-        assert fresh_stats(group, 1)["prefills_ahead"] == 3 * long > 0
+        large = fresh_stats(group, 1)
+        assert large["prefills_ahead"] + large["prefills_late"] == 3 * long > 0, large
+        assert large["prefills_ahead"] > 0
     finally:
         group.close()
 

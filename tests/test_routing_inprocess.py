@@ -212,3 +212,40 @@ def test_status_counts_a_prefill_ahead_apart_from_requests(tiny_models: dict[str
     large = status[1]()
     assert (large["prefilling_ahead"], large["prefills_ahead"]) == (0, 1)
     assert large["prefix_cache"]["cached_pages"] == 4
+
+
+@pytest.mark.parametrize("after", ["handoff", "end"])
+def test_a_prompt_that_comes_after_its_request_is_not_prefilled_ahead(
+    tiny_models: dict[str, Path], after: str
+) -> None:
+    """The Submit to a prefill-ahead engine and the request's first handoff travel by
+    different links (remote engines): when the handoff, or even the request's end, comes
+    first, the Submit changes nothing and counts as `prefills_late`."""
+    paths = [tiny_models[n] for n in MODEL_SETS[2]]
+    policy = {"schedule": [1, 0]}
+    wiring = Wiring(specs(paths, "scripted", policy, prefill_ahead=True))
+    job = shared_prefix_jobs(paths[0])[0][0], SamplingParams(max_tokens=6, ignore_eos=True)
+    wiring.submit(0, *job)
+    late = wiring.inbox[1].pop()  # held back
+    assert wiring.inbox[1] == []
+    gen = wiring.tracked[0]
+
+    def arrived() -> bool:
+        return bool(wiring.engines[1].requests)
+
+    def ended() -> bool:
+        return gen.complete and gen.all_done and not any(e.requests for e in wiring.engines)
+
+    for _ in range(1000):
+        if arrived() if after == "handoff" else ended():
+            break
+        wiring.tick()
+    assert arrived() == (after == "handoff") and ended() == (after == "end")
+    wiring.inbox[1].append(late)
+    while not ended():
+        wiring.tick()
+    wiring.tick()  # the Submit, if it is still there
+    assert_matches(wiring, reference(paths, "scripted", policy, [job]))
+    large = wiring.engines[1].stats
+    assert (large.prefills_ahead, large.prefills_late) == (0, 1)
+    assert {1, 0} <= set(gen.models)

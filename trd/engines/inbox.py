@@ -11,7 +11,9 @@ A message whose handling raises fails its own request and nothing else.
 A Submit reaches an engine other than the entry only with `prefill_ahead` on
 (trd/supervisor/group.py): the prompt is prefilled here at once, at the lowest rank, so a
 handoff that comes later finds it cached (`Request.prefill_only`, trd/engines/scheduler.py).
-Nothing about it reaches the client: if it cannot run, it is not run.
+Nothing about it reaches the client: if it cannot run, it is not run. The Submit and
+the request's first handoff come by different links, so the request may be here or
+finished first: then the Submit is late and changes nothing (`prefills_late`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Inbox:
 
     def _submit(self, msg: Submit) -> None:
         if msg.rid in self.out.finished or msg.rid in self.requests:
+            self.stats.prefills_late += self.out.index != 0
             return
         if self.out.index != 0:
             self._prefill_ahead(msg)

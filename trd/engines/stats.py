@@ -7,8 +7,10 @@ counters never wrap into a window, so the difference of two snapshots is exact o
 stretch, however long: steps, request-rows forwarded (`rows`), seconds in forwards
 (`busy_s`), rows whose candidate token was dropped (`dropped`: R-Stitch escalating),
 seconds spent on grammar masks (`mask_s`, part of `busy_s`), prompts taken to prefill
-ahead of their requests (`prefills_ahead`, engine.prefill_ahead) and those of them that
-became their request, its handoff arriving while they ran (`prefills_adopted`).
+ahead of their requests (`prefills_ahead`, engine.prefill_ahead), those of them that
+became their request, its handoff arriving while they ran (`prefills_adopted`), and the
+prompts that came too late to prefill ahead, their request already here or finished
+(`prefills_late`: the Submit and the first handoff travel by different links).
 `handoff_s` holds the latest handoff latencies; `handoffs_in` counts them all.
 """
 
@@ -35,6 +37,7 @@ class EngineStats:
     mask_s: float = 0.0  # seconds building and applying grammar masks (trd/engines/constrain)
     prefills_ahead: int = 0
     prefills_adopted: int = 0
+    prefills_late: int = 0
     latency: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     fed: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
     routes: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
@@ -71,6 +74,7 @@ class EngineStats:
             "mask_s": self.mask_s,
             "prefills_ahead": self.prefills_ahead,
             "prefills_adopted": self.prefills_adopted,
+            "prefills_late": self.prefills_late,
             "batch_size_mean": statistics.fmean(sizes) if sizes else 0.0,
             "step_ms_p50": 1e3 * statistics.median(s for _, s in self.latency)
             if self.latency

@@ -124,6 +124,7 @@ class AdminApi:
                 "prefilling_ahead": s.get("prefilling_ahead"),
                 "prefills_ahead": s.get("prefills_ahead"),
                 "prefills_adopted": s.get("prefills_adopted"),
+                "prefills_late": s.get("prefills_late"),
             })  # fmt: skip
         return out
 
