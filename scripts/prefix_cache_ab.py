@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""Does the prefix cache slow down a workload it cannot help? A paired A/B on one host.
+"""Does the prefix cache (or prefill ahead) slow down a workload it cannot help? A paired
+A/B on one host.
 
-Two daemons on the same pair run side by side, one with `prefix_cache: false`. Each
+Two daemons on the same pair run side by side, one with the lever off: `--lever
+prefix_cache` (the default) compares the cache on against `prefix_cache: false`;
+`--lever prefill_ahead` compares `prefill_ahead: true` against the default (off). Each
 round sends 16 fresh short-workload prompts (no prompt is sent in two rounds) at N = 16
 to both, the order alternating between rounds; the first round is a warm-up. A pair
 whose short workload is chat (32 prompts, too few) gets 100-token prompts of held-out
 text instead, with the workload's answer length unless `--max-tokens` says. Printed:
 each round's tokens/s and on/off ratio, then the medians and ranges; `--out` keeps them
 as JSON. The ratio's spread across rounds is the noise the median is judged against.
+Each round's TTFT p50 of both daemons is kept too (what prefill ahead is for), and how
+many of its requests the large model started (`large_first`: prefill ahead costs the
+large model a prefill for each of the others).
 
     .venv/bin/python scripts/prefix_cache_ab.py --pair tiny --rounds 16 --out ab.json
 """
@@ -37,11 +43,23 @@ KV_TOKENS = N * 1400  # room for about four rounds: the pool fills with cached b
 CONTEXT = 1024
 
 
-async def once(session: aiohttp.ClientSession, url: str, jobs: list[list[int]], n: int) -> float:
+LEVERS = {  # engine settings of the daemon with the lever on, and with it off
+    "prefix_cache": ({}, {"prefix_cache": False}),
+    "prefill_ahead": ({"prefill_ahead": True}, {}),
+}
+
+
+async def once(
+    session: aiohttp.ClientSession, url: str, jobs: list[list[int]], n: int
+) -> tuple[float, float, int]:
+    """Output tokens/s of one round, its TTFT p50 in seconds, and how many of its requests
+    the large model started."""
     send = OpenAIClient(session, url, "small+large").send
     started = time.perf_counter()
     records = await asyncio.gather(*(send(p, n) for p in jobs))
-    return sum(r.output_tokens for r in records) / (time.perf_counter() - started)
+    rate = sum(r.output_tokens for r in records) / (time.perf_counter() - started)
+    large_first = sum(r.models[:1] == ["large"] for r in records)
+    return rate, statistics.median(r.ttft for r in records), large_first
 
 
 async def rounds(
@@ -52,12 +70,18 @@ async def rounds(
         for r in range(count + 1):
             jobs = pool[N * r : N * (r + 1)]
             order = ("on", "off") if r % 2 else ("off", "on")
-            rate = {name: await once(session, urls[name], jobs, n) for name in order}
+            got = {name: await once(session, urls[name], jobs, n) for name in order}
             if r == 0:
                 continue  # warm-up
-            row = {"round": r, "first": order[0], **rate, "ratio": rate["on"] / rate["off"]}
+            rate = {name: got[name][0] for name in got}
+            ttft = {name: got[name][1] for name in got}
+            row = {"round": r, "first": order[0], **rate, "ratio": rate["on"] / rate["off"],
+                   "ttft_on": ttft["on"], "ttft_off": ttft["off"],
+                   "ttft_ratio": ttft["on"] / ttft["off"], "large_first": got["on"][2]}  # fmt: skip
             print(f"round {r:2}: on {rate['on']:7.1f}  off {rate['off']:7.1f} tok/s  "
-                  f"on/off {row['ratio']:.3f}", flush=True)  # fmt: skip
+                  f"on/off {row['ratio']:.3f}; TTFT p50 on {ttft['on']:.2f} s  "
+                  f"off {ttft['off']:.2f} s; large first in {row['large_first']} of {N}",
+                  flush=True)  # fmt: skip
             out.append(row)
     return out
 
@@ -68,7 +92,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
     return {
-        **{k: spread(k) for k in ("on", "off", "ratio")},
+        **{k: spread(k) for k in ("on", "off", "ratio", "ttft_on", "ttft_off", "ttft_ratio")},
         "on_faster": sum(r["on"] > r["off"] for r in rows),
         "rounds": len(rows),
     }
@@ -79,6 +103,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--pair", choices=PAIRS, default="tiny")
+    ap.add_argument("--lever", choices=LEVERS, default="prefix_cache",
+                    help="the engine setting the two daemons differ in")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, help="tokens per answer (default: the workload's)")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -95,26 +121,30 @@ def main() -> None:
     max_tokens = args.max_tokens or work.max_tokens
     pool = prompts(pair.models["small"], work, N * (args.rounds + 1))
     random.Random(7).shuffle(pool)
-    logs = Path(tempfile.mkdtemp(prefix="prefix-cache-ab-"))
+    logs = Path(tempfile.mkdtemp(prefix=f"{args.lever}-ab-"))
     daemons: dict[str, Daemon] = {}
     try:
-        for name, engine in (("on", {}), ("off", {"prefix_cache": False})):
+        for name, engine in zip(("on", "off"), LEVERS[args.lever], strict=True):
             cfg = daemon_config(
                 pair.models, DEFAULT_TAU[args.pair], engine, KV_TOKENS, CONTEXT, args.dtype
             )
-            print(f"starting the cache-{name} daemon (logs in {logs})", flush=True)
-            daemons[name] = start_daemon(f"cache_{name}", cfg, logs)
+            print(f"starting the {args.lever}-{name} daemon (logs in {logs})", flush=True)
+            daemons[name] = start_daemon(f"{args.lever}_{name}", cfg, logs)
         urls = {name: d.server.url for name, d in daemons.items()}
         rows = asyncio.run(rounds(urls, pool, args.rounds, max_tokens))
     finally:
         for d in daemons.values():
             d.server.stop()
-    result = {"pair": args.pair, "dtype": args.dtype, "n": N, "prompt_tokens": work.prompt_tokens,
+    result = {"lever": args.lever, "pair": args.pair, "dtype": args.dtype, "n": N,
+              "prompt_tokens": work.prompt_tokens,
               "max_tokens": max_tokens, "rows": rows,
               "summary": summary(rows)}  # fmt: skip
     s, ratio = result["summary"], result["summary"]["ratio"]
-    print(f"on/off median {ratio['median']:.3f} [{ratio['min']:.3f}, {ratio['max']:.3f}]; "
-          f"cache on faster in {s['on_faster']} of {s['rounds']} rounds")  # fmt: skip
+    ttft = s["ttft_ratio"]
+    print(f"{args.lever} on/off: tok/s median {ratio['median']:.3f} "
+          f"[{ratio['min']:.3f}, {ratio['max']:.3f}], on faster in {s['on_faster']} of "
+          f"{s['rounds']} rounds; TTFT p50 median {ttft['median']:.3f} "
+          f"[{ttft['min']:.3f}, {ttft['max']:.3f}]")  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.out}")
