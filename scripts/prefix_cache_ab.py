@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -49,17 +49,19 @@ LEVERS = {  # engine settings of the daemon with the lever on, and with it off
 }
 
 
-async def once(
-    session: aiohttp.ClientSession, url: str, jobs: list[list[int]], n: int
-) -> tuple[float, float, int]:
-    """Output tokens/s of one round, its TTFT p50 in seconds, and how many of its requests
-    the large model started."""
+class Round(NamedTuple):
+    rate: float  # output tokens/s
+    ttft: float  # TTFT p50, seconds
+    large_first: int  # requests whose first token the large model made
+
+
+async def once(session: aiohttp.ClientSession, url: str, jobs: list[list[int]], n: int) -> Round:
     send = OpenAIClient(session, url, "small+large").send
     started = time.perf_counter()
     records = await asyncio.gather(*(send(p, n) for p in jobs))
     rate = sum(r.output_tokens for r in records) / (time.perf_counter() - started)
     large_first = sum(r.models[:1] == ["large"] for r in records)
-    return rate, statistics.median(r.ttft for r in records), large_first
+    return Round(rate, statistics.median(r.ttft for r in records), large_first)
 
 
 async def rounds(
@@ -73,14 +75,13 @@ async def rounds(
             got = {name: await once(session, urls[name], jobs, n) for name in order}
             if r == 0:
                 continue  # warm-up
-            rate = {name: got[name][0] for name in got}
-            ttft = {name: got[name][1] for name in got}
-            row = {"round": r, "first": order[0], **rate, "ratio": rate["on"] / rate["off"],
-                   "ttft_on": ttft["on"], "ttft_off": ttft["off"],
-                   "ttft_ratio": ttft["on"] / ttft["off"], "large_first": got["on"][2]}  # fmt: skip
-            print(f"round {r:2}: on {rate['on']:7.1f}  off {rate['off']:7.1f} tok/s  "
-                  f"on/off {row['ratio']:.3f}; TTFT p50 on {ttft['on']:.2f} s  "
-                  f"off {ttft['off']:.2f} s; large first in {row['large_first']} of {N}",
+            on, off = got["on"], got["off"]  # the same tokens: large_first is the same
+            row = {"round": r, "first": order[0], "on": on.rate, "off": off.rate,
+                   "ratio": on.rate / off.rate, "ttft_on": on.ttft, "ttft_off": off.ttft,
+                   "ttft_ratio": on.ttft / off.ttft, "large_first": on.large_first}  # fmt: skip
+            print(f"round {r:2}: on {on.rate:7.1f}  off {off.rate:7.1f} tok/s  "
+                  f"on/off {row['ratio']:.3f}; TTFT p50 on {on.ttft:.2f} s  "
+                  f"off {off.ttft:.2f} s; large first in {on.large_first} of {N}",
                   flush=True)  # fmt: skip
             out.append(row)
     return out

@@ -60,6 +60,7 @@ def engine_work(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str
         "handoffs_in": int(counter_delta(before, after, "handoffs_in")),
         "prefills_ahead": int(counter_delta(before, after, "prefills_ahead")),
         "prefills_adopted": int(counter_delta(before, after, "prefills_adopted")),
+        "prefills_late": int(counter_delta(before, after, "prefills_late")),
         "dropped_rows": int(dropped), "dropped_share": dropped / rows if rows else 0.0,
         "batch_size_mean": rows / steps if steps else 0.0,
         "step_ms_mean": 1e3 * busy / steps if steps else 0.0,
