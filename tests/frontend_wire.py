@@ -73,10 +73,11 @@ def post(
     busy: int = 0,
     detached: State | None = None,
     failing: int | None = None,
+    policy: str = "rstitch",
 ) -> Answer:
     """Serve one request while `busy` others are in flight; `detached`: the hub has let
     the engines go into that state; `failing`: the engine request (1 = the first of this
-    request) that fails after one token."""
+    request) that fails after one token; `policy`: the daemon's routing policy."""
 
     async def run() -> Answer:
         hub, group = Hub(max_inflight), WireGroup(None if failing is None else busy + failing)
@@ -86,7 +87,7 @@ def post(
             del group.submits[:busy]
         if detached is not None:
             hub.detach(detached, f"test: {detached}")
-        served = Served(["small", "large"], encoder, CONTEXT, VOCAB, created=0)
+        served = Served(["small", "large"], encoder, CONTEXT, VOCAB, 0, policy)
         app = OpenAIApi(served, hub, Metrics(dict, hub.gens.values, served.model_id, ())).app()
         async with test_utils.TestClient(test_utils.TestServer(app)) as client:
             headers = {} if ctype is None else {"Content-Type": ctype}

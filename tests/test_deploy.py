@@ -164,7 +164,7 @@ def config(tiny_models: dict[str, Path]) -> Config:
 def routes(tiny_models: dict[str, Path]) -> set[str]:
     """GET paths of the app the daemon serves on `listen` (no engines needed to build it)."""
     path = tiny_models["small"]
-    served = Served(["small"], PromptEncoder(path), 64, 0, 0)
+    served = Served(["small"], PromptEncoder(path), 64, 0, 0, "scripted")
     hub = Hub(1)
     app = OpenAIApi(served, hub, Metrics(dict, hub.gens.values, "small", ())).app()
     return {r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource}

@@ -144,7 +144,6 @@ BAD = [  # (fields, status, param, message part)
     ({"use_beam_search": True}, 400, "use_beam_search", "only null or false"),
     ({"skip_special_tokens": False}, 400, "skip_special_tokens", "only null or true"),
     ({"prompt_logprobs": 0}, 400, "prompt_logprobs", "only null is supported, got 0"),
-    ({"priority": 1}, 400, "priority", "only null or 0"),
     ({"user": "x" * 41 + "\udfff"}, 400, "user", "lone surrogate (U+DFFF) at index 41"),
 ]
 

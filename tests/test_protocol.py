@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import struct
 from typing import Any
 
@@ -26,6 +27,7 @@ from trd.protocol import (
     PeerReq,
     ProtocolError,
     Ready,
+    RoutingParams,
     SamplingParams,
     Stats,
     Submit,
@@ -44,7 +46,14 @@ PARAMS = SamplingParams(
     ignore_eos=True,
     min_tokens=7,
     grammar='{"grammars": [{"lark_grammar": "start: \\"é\\""}]}',
+    priority=-(2**31),
 )
+# Each of the three per-request routings, and the largest priority
+ROUTED = [
+    SamplingParams(routing=RoutingParams(large_share=0.25), priority=2**31 - 1),
+    SamplingParams(routing=RoutingParams(threshold=0.0)),
+    SamplingParams(routing=RoutingParams(model=MAX_MODELS - 1), priority=3),
+]
 
 
 def i32(*values: int) -> np.ndarray:
@@ -67,6 +76,8 @@ def assert_same(a: Message, b: Message) -> None:
         if isinstance(x, np.ndarray):
             assert y.dtype == x.dtype and y.shape == x.shape, field
             assert x.tobytes() == y.tobytes(), field  # bit-exact, NaN payloads included
+        elif isinstance(x, float) and math.isnan(x):
+            assert isinstance(y, float) and math.isnan(y), field
         else:
             assert type(x) is type(y) and x == y, field
 
@@ -92,6 +103,9 @@ SAMPLES: list[Message] = [
     Done(2**64 - 1, 255, 2**32 - 1, 0, 2**64 - 1, f32()),
     Done(4, 0, 0, 0, 1, f32(float("nan"), float("inf"), -0.0, 3.4028235e38)),
     PeerReq(9, 3, PeerKind.HANDOFF, 7, i32(5, 6), 4, None, b"pol", 1.5, u32(7, 2**32 - 1, 0)),
+    *(Submit(13, i32(1), p) for p in ROUTED),
+    PeerReq(14, 2, PeerKind.HANDOFF, 0, i32(1), 1, ROUTED[0], b"", 0.5, u32(1, 0), 2**32 - 1, 0.5),
+    PeerReq(14, 3, PeerKind.HANDOFF, 9, i32(2), 1, None, b"", 0.5, u32(9, 8), 3, float("inf")),
     Emit(
         11,
         3,
@@ -133,18 +147,30 @@ def test_decoded_arrays_are_writable_copies() -> None:
 
 def test_peer_frame_layout_is_stable() -> None:
     msg = PeerReq(1, 2, PeerKind.HANDOFF, 3, i32(4), 5, None, b"x", 0.0, u32(9, 2**32 - 1))
-    head = struct.pack("<BBQIBIIdIIBB", 2, VERSION, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2)
+    head = struct.pack("<BBQIBIIdIIBBId", 2, VERSION, 1, 2, 1, 3, 5, 0.0, 1, 1, 0, 2, 0, math.nan)
     assert encode(msg) == head + struct.pack("<iII", 4, 9, 2**32 - 1) + b"x"
+    routed = dataclasses.replace(msg, large=7, tau=0.5)
+    head = head[:-12] + struct.pack("<Id", 7, 0.5)
+    assert encode(routed) == head + struct.pack("<iII", 4, 9, 2**32 - 1) + b"x"
 
 
 def test_submit_frame_layout_is_stable() -> None:
     p = SamplingParams(5, 0.5, 0.25, 3, None, (7,), ignore_eos=True, min_tokens=2)
     head = struct.pack("<BBQI", 1, VERSION, 9, 1)
-    params = struct.pack("<IddIqBIbII", 5, 0.5, 0.25, 3, -1, 1, 2, -1, 1, 0) + struct.pack("<i", 7)
+    nan = math.nan
+    fixed = (5, 0.5, 0.25, 3, -1, 1, 2, -1, 0, nan, nan, 255, 1, 0)
+    params = struct.pack("<IddIqBIbiddBII", *fixed) + struct.pack("<i", 7)
     assert encode(Submit(9, i32(4), p)) == head + params + struct.pack("<i", 4)
     with_logprobs = dataclasses.replace(p, logprobs=20, grammar="start: /é/")
-    params = params[:-13] + struct.pack("<bIIi", 20, 1, 11, 7) + "start: /é/".encode()
+    params = params[:-34] + struct.pack("<biddBIIi", 20, 0, nan, nan, 255, 1, 11, 7)
+    params += "start: /é/".encode()
     assert encode(Submit(9, i32(4), with_logprobs)) == head + params + struct.pack("<i", 4)
+    routed = dataclasses.replace(p, priority=-2, routing=RoutingParams(model=1))
+    params = struct.pack("<IddIqBIbiddBII", *fixed[:8], -2, nan, nan, 1, 1, 0)
+    assert encode(Submit(9, i32(4), routed)) == head + params + struct.pack("<ii", 7, 4)
+    shared = dataclasses.replace(p, routing=RoutingParams(large_share=0.25))
+    params = struct.pack("<IddIqBIbiddBII", *fixed[:9], 0.25, nan, 255, 1, 0)
+    assert encode(Submit(9, i32(4), shared)) == head + params + struct.pack("<ii", 7, 4)
 
 
 def test_int_range_is_what_a_format_code_carries() -> None:
@@ -180,6 +206,13 @@ params = st.builds(
     stop_token_ids=st.lists(ints(0, 2**31 - 1), max_size=4).map(tuple),
     ignore_eos=st.booleans(),
     min_tokens=ints(0, 1),
+    routing=st.one_of(
+        st.builds(RoutingParams),
+        st.builds(RoutingParams, large_share=st.floats(0, 1, exclude_min=True, exclude_max=True)),
+        st.builds(RoutingParams, threshold=st.floats(0, 1e300)),
+        st.builds(RoutingParams, model=ints(0, MAX_MODELS - 1)),
+    ),
+    priority=ints(-(2**31), 2**31 - 1),
 )
 peer_reqs = st.builds(
     PeerReq,
@@ -193,6 +226,8 @@ peer_reqs = st.builds(
     extra=st.binary(max_size=64),
     sent_at=st.floats(allow_nan=False),
     anchors=st.lists(ints(0, 2**32 - 1), max_size=MAX_MODELS).map(lambda v: np.array(v, np.uint32)),
+    large=ints(0, 2**32 - 1),
+    tau=st.floats(),
 )
 dones = st.builds(
     Done,
@@ -260,6 +295,7 @@ def at(prefix: str) -> int:
 # loc prompt_len sent_at n_tok n_extra has_params n_anchors.  Emit: tag ver rid pos finish n n_error
 # has_logprobs k.
 SUBMIT, PARAMS_AT = "BBQ", "BBQI"
+ROUTED_SUBMIT = Submit(13, i32(1), ROUTED[0])
 PEER = "BBQIBIIdI"
 
 
@@ -282,8 +318,11 @@ PEER = "BBQIBIIdI"
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIq"), "<B", 3), "bad ignore_eos byte 3"),
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIqB"), "<I", 17), "min_tokens must be in"),
         (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBI"), "<b", 21), "logprobs must be None or in"),
-        (patched(SAMPLES[1], at(PARAMS_AT + "IddIqBIbII"), "<i", -5), "stop_token_ids must be in"),
-        (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBIbI"), "<I", 99), "grammar needs"),
+        (patched(SAMPLES[1], at(PARAMS_AT + "IddIqBIbiddBII"), "<i", -5), "stop_token_ids must"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBIbiddBI"), "<I", 99), "grammar needs"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBIbi"), "<d", 1.0), "large_share must be in"),
+        (patched(SAMPLES[0], at(PARAMS_AT + "IddIqBIbid"), "<d", -0.5), "threshold must be a"),
+        (patched(ROUTED_SUBMIT, at(PARAMS_AT + "IddIqBIbid"), "<d", 0.5), "one of large_share"),
         (patched(SAMPLES[-2], at("BBQIBII"), "<B", 2), "bad has_logprobs byte 2"),
         (patched(SAMPLES[-2], at("BBQIBIIB"), "<B", 3), "truncated frame"),
         (patched(SAMPLES[5], 19, "<I", 1) + b"\xff", "Emit.error is not utf-8"),
@@ -400,6 +439,8 @@ def test_encode_rejects_what_the_wire_cannot_carry(msg: Any, match: str) -> None
         ({"stop_token_ids": (3, -1)}, r"stop_token_ids must be in .*got \(3, -1\)"),
         ({"min_tokens": 17}, r"min_tokens must be in \[0, max_tokens\], got 17"),
         ({"min_tokens": -1}, r"min_tokens must be in \[0, max_tokens\], got -1"),
+        ({"priority": 2**31}, r"priority must be in \[-2\*\*31, 2\*\*31\), got 2147483648"),
+        ({"priority": -(2**31) - 1}, "priority must be in"),
     ],
 )
 def test_sampling_params_validation(kwargs: dict[str, Any], match: str) -> None:
@@ -417,3 +458,22 @@ def test_json_messages_round_trip_and_reject_truncation(msg: Message) -> None:
     for cut in range(len(frame)):
         with pytest.raises(ProtocolError):
             decode(frame[:cut])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"large_share": 0.0}, r"routing.large_share must be in \(0, 1\), got 0.0"),
+        ({"large_share": 1.0}, "large_share must be in"),
+        ({"large_share": float("nan")}, "large_share must be in"),
+        ({"threshold": -0.1}, "routing.threshold must be a finite number >= 0, got -0.1"),
+        ({"threshold": float("inf")}, "threshold must be a finite number"),
+        ({"model": MAX_MODELS}, "routing.model must be a model index below 255, got 255"),
+        ({"model": -1}, "model must be a model index"),
+        ({"large_share": 0.2, "model": 1}, r"one of .*got \['large_share', 'model'\]"),
+        ({"threshold": 0.2, "large_share": 0.1}, "takes one of"),
+    ],
+)
+def test_routing_params_validation(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RoutingParams(**kwargs)

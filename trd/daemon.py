@@ -280,6 +280,7 @@ class Daemon:
             # The tokenizer's ids, not padding rows; the entry model always runs here.
             vocab_size=entry.checkpoint.vocab_limit,
             created=int(time.time()),
+            policy=self.cfg.policy.name,
         )
 
     async def _open(

@@ -40,6 +40,7 @@ from trd.frontend.openai_api import (
     parse_tokenize,
 )
 from trd.frontend.responses import Shaper, Usage
+from trd.frontend.routing import RoutingRules
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
 from trd.frontend.tool_stream import ToolStream, end_tool_stream, with_calls
@@ -63,10 +64,15 @@ class Served:
     max_model_len: int
     vocab_size: int  # ids the tokenizer defines (Checkpoint.vocab_limit), not embedding rows
     created: int
+    policy: str  # the routing policy's name: what a request's own `routing` may ask
 
     @property
     def model_id(self) -> str:
         return "+".join(self.names)
+
+    @property
+    def rules(self) -> RoutingRules:
+        return RoutingRules(self.policy, tuple(self.names))
 
 
 @dataclass(slots=True)
@@ -169,6 +175,7 @@ class OpenAIApi:
         return await self._generate(request, req, "chat")
 
     async def _prompt(self, req: GenRequest) -> tuple[list[int], SamplingParams]:
+        routing = self.served.rules.params(req.source)  # before the prompt's work
         enc = self.served.encoder
         if req.messages is not None:
             ids = await asyncio.to_thread(enc.chat, req.messages, req.template)
@@ -188,7 +195,7 @@ class OpenAIApi:
         if min_tokens > max_tokens:
             msg = f"must be at most the {max_tokens} tokens the context leaves for output"
             raise bad("min_tokens", f"{msg}, got {min_tokens}")
-        return ids, req.params(max_tokens)
+        return ids, req.params(max_tokens, routing)
 
     async def _generate(
         self, request: web.Request, req: GenRequest, endpoint: str

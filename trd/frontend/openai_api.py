@@ -30,7 +30,7 @@ from trd.frontend.schema import (
 )
 from trd.frontend.structured import request_grammar
 from trd.frontend.tools import Tools, parse_tools
-from trd.protocol import GREEDY_BELOW, SamplingParams
+from trd.protocol import GREEDY_BELOW, NO_ROUTING, RoutingParams, SamplingParams
 
 log = logging.getLogger("trd.frontend")
 
@@ -68,8 +68,9 @@ class GenRequest:
     logprobs: int | None = None  # alternatives per output token
     grammar: str = ""  # the structured-output constraint, compiled by the engines
 
-    def params(self, max_tokens: int) -> SamplingParams:
-        """The engines' sampling parameters, once the prompt fixed how many tokens may come."""
+    def params(self, max_tokens: int, routing: RoutingParams = NO_ROUTING) -> SamplingParams:
+        """The engines' parameters, once the prompt fixed how many tokens may come and the
+        daemon checked the request's `routing` (trd.frontend.routing)."""
         req = self.source
         temperature = 1.0 if req.temperature is None else req.temperature
         return SamplingParams(
@@ -83,6 +84,8 @@ class GenRequest:
             min_tokens=req.min_tokens or 0,
             logprobs=self.logprobs,
             grammar=self.grammar,
+            routing=routing,
+            priority=req.priority or 0,
         )
 
 

@@ -33,6 +33,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationInfo,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -156,7 +157,39 @@ class ChatMessage(_Schema):
         return "".join(part.text for part in self.content)
 
 
-class GenerationRequest(_Schema):
+class Routing(_Schema):
+    """Our per-request routing (`extra_body={"routing": {...}}` in the openai client): at
+    most one of the three. What depends on the daemon (a policy with a threshold, the
+    threshold's scale, the model names) is checked by trd.frontend.routing."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key must not route silently
+
+    large_share: Annotated[float, Interval(gt=0, lt=1)] | None = None  # held within the request
+    threshold: Annotated[float, Interval(ge=0)] | None = None  # the policy's, for this request
+    model: Text | None = None  # the model that writes every token
+
+    @model_validator(mode="after")
+    def _one(self) -> Routing:
+        given = [k for k in ("large_share", "threshold", "model") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise PydanticCustomError(
+                "routing", "takes one of large_share, threshold and model, got {given}",
+                {"given": " and ".join(given)},
+            )  # fmt: skip
+        return self
+
+
+class RoutingFields(_Schema):
+    """How a request is served, on every endpoint that generates (chat, completions,
+    responses): its own routing, and vLLM's `priority` (lower first, default 0; ties by
+    arrival) in every engine's queue. trd.frontend.routing turns them into the engines'
+    RoutingParams and priority."""
+
+    routing: Routing | None = None
+    priority: Annotated[int, wire_range("priority")] | None = None
+
+
+class GenerationRequest(RoutingFields):
     """The fields both endpoints share."""
 
     model: Text
@@ -205,7 +238,6 @@ class GenerationRequest(_Schema):
     guided_grammar: Any = None
     structural_tag: Annotated[Any, _only(None)] = None
     structured_outputs: Any = None
-    priority: Annotated[Any, _only(None, 0)] = None
 
 
 Logprobs = Annotated[int, Interval(ge=0, le=MAX_LOGPROBS)]

@@ -1,7 +1,6 @@
 """Messages between the front end and the engines, and their binary codec (no pickle)."""
 
 from trd.protocol.codec import (
-    MAX_MODELS,
     PARAMS_LAYOUT,
     TOKEN_ID,
     VERSION,
@@ -14,6 +13,8 @@ from trd.protocol.messages import (
     GREEDY_BELOW,
     MAX_EXTRA,
     MAX_LOGPROBS,
+    MAX_MODELS,
+    NO_ROUTING,
     Abort,
     Control,
     Done,
@@ -24,6 +25,7 @@ from trd.protocol.messages import (
     PeerReq,
     ProtocolError,
     Ready,
+    RoutingParams,
     SamplingParams,
     Stats,
     Submit,
@@ -34,6 +36,7 @@ __all__ = [
     "MAX_EXTRA",
     "MAX_LOGPROBS",
     "MAX_MODELS",
+    "NO_ROUTING",
     "PARAMS_LAYOUT",
     "TOKEN_ID",
     "VERSION",
@@ -47,6 +50,7 @@ __all__ = [
     "PeerReq",
     "ProtocolError",
     "Ready",
+    "RoutingParams",
     "SamplingParams",
     "Stats",
     "Submit",

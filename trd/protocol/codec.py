@@ -6,17 +6,19 @@ bytes, strings as utf-8), in the order drawn below. No pickle: a frame from a pe
 another host is untrusted input, and `decode` turns every malformed frame into a
 `ProtocolError`.
 
-    params block P (46 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
+    params block P (67 B):  max_tokens u32 | temperature f64 | top_p f64 | top_k u32
                             | seed i64 (-1 = None) | ignore_eos u8 | min_tokens u32
-                            | logprobs i8 (-1 = None) | n_stop u32 | n_grammar u32
+                            | logprobs i8 (-1 = None) | priority i32
+                            | large_share f64 | threshold f64 (NaN = None)
+                            | model u8 (255 = None) | n_stop u32 | n_grammar u32
                             then stop_token_ids i32[n_stop] | grammar utf-8[n_grammar]
 
     Submit  (tag 1):  tag u8 | ver u8 | rid u64 | n_prompt u32 | P | prompt i32[n_prompt]
     PeerReq (tag 2):  tag u8 | ver u8 | rid u64 | handoff_seq u32
                       | kind u8 | loc u32 | prompt_len u32 | sent_at f64 | n_tokens u32
-                      | n_extra u32 | has_params u8 | n_anchors u8
-                      | [P if has_params] | tokens i32[n_tokens] | anchors u32[n_anchors]
-                      | extra u8[n_extra]
+                      | n_extra u32 | has_params u8 | n_anchors u8 | large u32
+                      | tau f64 (NaN = None) | [P if has_params] | tokens i32[n_tokens]
+                      | anchors u32[n_anchors] | extra u8[n_extra]
     Emit    (tag 3):  tag u8 | ver u8 | rid u64 | pos u32 | finish u8 | n u32 | n_error u32
                       | has_logprobs u8 | k u8 | tokens i32[n] | models u8[n]
                       | [logprobs f32[n] | top_ids i32[n*k] | top_logprobs f32[n*k]
@@ -32,6 +34,7 @@ another host is untrusted input, and `decode` turns every malformed frame into a
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 
@@ -39,6 +42,7 @@ import numpy as np
 
 from trd.protocol.messages import (
     MAX_EXTRA,
+    MAX_MODELS,
     Abort,
     Control,
     Done,
@@ -49,26 +53,29 @@ from trd.protocol.messages import (
     PeerReq,
     ProtocolError,
     Ready,
+    RoutingParams,
     SamplingParams,
     Stats,
     Submit,
 )
 
-VERSION = 4  # 2: min_tokens in the params block; 3: logprobs; 4: grammar
+# 2: min_tokens in the params block; 3: logprobs; 4: grammar; 5: priority and routing in
+# the params block, the routing state in PeerReq
+VERSION = 5
 _T_SUBMIT, _T_PEER, _T_EMIT, _T_ABORT, _T_READY, _T_DONE = 1, 2, 3, 4, 5, 6
 _T_STATS, _T_CONTROL = 7, 8
-MAX_MODELS = 255
 # The params block's fixed fields in wire order. The front end derives its request
 # limits from these widths (trd.frontend.openai_api), so whatever it accepts fits here.
 PARAMS_LAYOUT: dict[str, str] = {
     "max_tokens": "I", "temperature": "d", "top_p": "d", "top_k": "I", "seed": "q",
-    "ignore_eos": "B", "min_tokens": "I", "logprobs": "b", "n_stop": "I",
-    "n_grammar": "I",
+    "ignore_eos": "B", "min_tokens": "I", "logprobs": "b", "priority": "i",
+    "large_share": "d", "threshold": "d", "model": "B", "n_stop": "I", "n_grammar": "I",
 }  # fmt: skip
+_NO_MODEL = MAX_MODELS  # RoutingParams.model None on the wire
 TOKEN_ID = "i"  # prompt and stop token ids
 _PARAMS = struct.Struct("<" + "".join(PARAMS_LAYOUT.values()))
 _SUBMIT = struct.Struct("<BBQI")
-_PEER = struct.Struct("<BBQIBIIdIIBB")
+_PEER = struct.Struct("<BBQIBIIdIIBBId")
 _EMIT = struct.Struct("<BBQIBIIBB")
 _ABORT = struct.Struct("<BBQ")
 _READY = struct.Struct("<BBBIIII")
@@ -99,14 +106,20 @@ def _raw(name: str, arr: np.ndarray, dtype: np.dtype = _I32) -> bytes:
     return arr.tobytes()
 
 
+def _opt(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
 def _enc_params(p: SamplingParams) -> bytes:
     seed = -1 if p.seed is None else p.seed
     logprobs = -1 if p.logprobs is None else p.logprobs
     n = len(p.stop_token_ids)
     grammar = p.grammar.encode()
+    r = p.routing
+    model = _NO_MODEL if r.model is None else r.model
     head = _PARAMS.pack(
         p.max_tokens, p.temperature, p.top_p, p.top_k, seed, p.ignore_eos, p.min_tokens,
-        logprobs, n, len(grammar),
+        logprobs, p.priority, _opt(r.large_share), _opt(r.threshold), model, n, len(grammar),
     )  # fmt: skip
     return head + struct.pack(f"<{n}{TOKEN_ID}", *p.stop_token_ids) + grammar
 
@@ -127,6 +140,7 @@ def _enc_peer(m: PeerReq) -> bytes:
     head = _PEER.pack(
         _T_PEER, VERSION, m.rid, m.handoff_seq, m.kind, m.loc, m.prompt_len,
         m.sent_at, len(m.tokens), len(m.extra), m.params is not None, len(m.anchors),
+        m.large, m.tau,
     )  # fmt: skip
     params = b"" if m.params is None else _enc_params(m.params)
     return b"".join((head, params, tokens, anchors, m.extra))
@@ -238,8 +252,8 @@ def _utf8(buf: memoryview, off: int, n: int, name: str) -> tuple[str, int]:
 def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
     if off + _PARAMS.size > len(buf):
         raise ProtocolError(f"truncated frame: sampling params end past {len(buf)} bytes")
-    (max_tokens, temp, top_p, top_k, seed, ignore_eos, min_tokens, logprobs,
-     n_stop, n_grammar) = _PARAMS.unpack_from(buf, off)  # fmt: skip
+    (max_tokens, temp, top_p, top_k, seed, ignore_eos, min_tokens, logprobs, priority, share,
+     threshold, model, n_stop, n_grammar) = _PARAMS.unpack_from(buf, off)  # fmt: skip
     off += _PARAMS.size
     end = off + 4 * n_stop
     if end > len(buf):
@@ -248,10 +262,14 @@ def _dec_params(buf: memoryview, off: int) -> tuple[SamplingParams, int]:
     if ignore_eos > 1:
         raise ProtocolError(f"bad ignore_eos byte {ignore_eos}")
     try:
+        routing = RoutingParams(
+            None if math.isnan(share) else share, None if math.isnan(threshold) else threshold,
+            None if model == _NO_MODEL else model,
+        )  # fmt: skip
         params = SamplingParams(
             max_tokens, temp, top_p, top_k, None if seed == -1 else seed,
             struct.unpack_from(f"<{n_stop}{TOKEN_ID}", buf, off), bool(ignore_eos), min_tokens,
-            None if logprobs == -1 else logprobs, grammar,
+            None if logprobs == -1 else logprobs, grammar, routing, priority,
         )  # fmt: skip
     except ValueError as e:
         raise ProtocolError(f"invalid sampling params: {e}") from e
@@ -269,7 +287,7 @@ def _dec_submit(buf: memoryview) -> tuple[Message, int]:
 
 def _dec_peer(buf: memoryview) -> tuple[Message, int]:
     (_, _, rid, seq, kind, loc, prompt_len, sent_at, n_tok, n_extra, has_params,
-     n_anchors) = _PEER.unpack_from(buf)  # fmt: skip
+     n_anchors, large, tau) = _PEER.unpack_from(buf)  # fmt: skip
     if kind not in _PEER_KINDS:
         raise ProtocolError(f"bad PeerKind {kind}")
     if n_extra > MAX_EXTRA:
@@ -284,7 +302,7 @@ def _dec_peer(buf: memoryview) -> tuple[Message, int]:
         raise ProtocolError(f"truncated frame: extra needs {end} bytes, frame has {len(buf)}")
     extra = bytes(buf[off:end])
     msg = PeerReq(rid, seq, _PEER_KINDS[kind], loc, tokens, prompt_len, params, extra, sent_at,
-                  anchors)  # fmt: skip
+                  anchors, large, tau)  # fmt: skip
     return msg, end
 
 

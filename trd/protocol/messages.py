@@ -5,7 +5,8 @@ Every message is a slotted dataclass; `Message` is their union.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -37,6 +38,40 @@ class PeerKind(IntEnum):
 GREEDY_BELOW = 1e-5
 
 
+MAX_MODELS = 255  # models of one daemon: a model index fits a byte, 255 meaning none
+
+
+@dataclass(slots=True, frozen=True)
+class RoutingParams:
+    """How one request is routed, when it says (the front end's `routing` field): at most one
+    of its own share of large-model tokens, its own threshold, or one model for every token.
+    None of them: the daemon's policy and threshold, as for every other request."""
+
+    large_share: float | None = None  # the last model's share of the output, in (0, 1)
+    threshold: float | None = None  # the policy's threshold, for this request only
+    model: int | None = None  # index of the model that writes every token
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("large_share", "threshold", "model") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"routing takes one of large_share, threshold, model; got {given}")
+        s, t, m = self.large_share, self.threshold, self.model
+        if s is not None and not 0 < s < 1:
+            raise ValueError(f"routing.large_share must be in (0, 1), got {s!r}")
+        if t is not None and not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"routing.threshold must be a finite number >= 0, got {t!r}")
+        if m is not None and not 0 <= m < MAX_MODELS:
+            raise ValueError(f"routing.model must be a model index below {MAX_MODELS}, got {m!r}")
+
+    @property
+    def own(self) -> bool:
+        """The request decides for itself (the daemon's share control leaves it out)."""
+        return self != NO_ROUTING
+
+
+NO_ROUTING = RoutingParams()
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -52,6 +87,11 @@ class SamplingParams:
     # "" = unconstrained; else an llguidance grammar (trd.grammar.compile builds it) that
     # every output token must follow
     grammar: str = ""
+    # How the request is served rather than sampled; on the wire with the rest, so every
+    # engine the request reaches has them: its routing, and its place in every engine's
+    # queue (vLLM's priority: lower first; ties by arrival).
+    routing: RoutingParams = NO_ROUTING
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.max_tokens >= 1:
@@ -70,6 +110,8 @@ class SamplingParams:
             )
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be None or in [0, 2**63), got {self.seed!r}")
+        if not -(2**31) <= self.priority < 2**31:
+            raise ValueError(f"priority must be in [-2**31, 2**31), got {self.priority!r}")
         # Token ids travel as int32 on the wire.
         ids = self.stop_token_ids
         if ids and not (min(ids) >= 0 and max(ids) < 2**31):
@@ -99,6 +141,11 @@ class PeerReq:
     extra: bytes  # policy-defined, <= MAX_EXTRA bytes
     sent_at: float  # time.perf_counter() at send, for handoff latency stats
     anchors: np.ndarray  # uint32, one per model (<= 255): committed tokens model j holds
+    # The request's routing state, which its next model reads (trd/policies/budget.py): the
+    # output tokens the last model committed so far, and the threshold the request's own
+    # share control set on the entry model (NaN: none).
+    large: int = 0
+    tau: float = field(default=math.nan)
 
     @classmethod
     def control(cls, kind: PeerKind, rid: int, handoff_seq: int) -> PeerReq:
