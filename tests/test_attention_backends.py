@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from trd.engines.attention import make_backend, resolve_backend, support
+from trd.models.attention import make_backend, resolve_backend, support
 from trd.models.checkpoint import ModelConfig
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")

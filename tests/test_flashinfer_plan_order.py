@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from trd.engines.attention import BatchLayout
-from trd.engines.attention import flashinfer_paged as fp
+from trd.models.attention import BatchLayout
+from trd.models.attention import flashinfer_paged as fp
 
 META = torch.device("meta")
 

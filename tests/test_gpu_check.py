@@ -21,8 +21,8 @@ from gpucheck.routing import POLICY, SCHEDULE, expected_tokens, jobs
 from gpucheck.summary import summary, verdict
 from make_shaped_checkpoints import Shape, write_checkpoint
 
-from trd.engines.attention.torch_paged import TorchPagedAttention
 from trd.engines.graphs import StepGraphs, pool_bytes
+from trd.models.attention.torch_paged import TorchPagedAttention
 from trd.testing.wiring import Wiring
 
 from background import Finished

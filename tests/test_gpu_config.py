@@ -15,9 +15,9 @@ from trd import devices
 from trd.config import ConfigError, from_dict
 from trd.daemon import main as daemon_main
 from trd.devices import GpuInfo
-from trd.engines.attention import support
 from trd.engines.spec import EngineSpec
 from trd.memplan.plan import GIB, MIB
+from trd.models.attention import support
 from trd.supervisor.deployment import plan_deployment
 
 H200 = GpuInfo(1, "NVIDIA H200", 141 * GIB, 140 * GIB, "GPU-0c5e7a1f-0000-4000-8000-000000000001")

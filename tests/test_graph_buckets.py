@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trd.engines.attention.base import BatchLayout
-from trd.engines.attention.flashinfer_paged import plan_arrays
 from trd.engines.buckets import GraphShape, graph_shapes, pick_shape
 from trd.engines.padding import pad_step
 from trd.engines.spec import EngineSettings, SettingError
+from trd.models.attention.base import BatchLayout
+from trd.models.attention.flashinfer_paged import plan_arrays
 
 PS = 4  # page size
 SCRATCH = 99  # the page past the allocator's

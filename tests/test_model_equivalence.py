@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trd.engines.packed import PackedLinear, onednn_available
 from trd.engines.spec import EngineSpec
+from trd.models.packed import PackedLinear, onednn_available
 from trd.testing.tinymodels.build import save_random_checkpoint
 
 from hf_compare import DECODE_STEPS, engine_runs, load_hf

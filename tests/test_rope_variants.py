@@ -17,9 +17,9 @@ from typing import Any, Literal
 import pytest
 import torch
 
-from trd.engines.rope import dynamic_inv_frequencies, inv_frequencies
 from trd.models.checkpoint import CheckpointError, read_checkpoint
 from trd.models.rope import RopeConfig, read_rope
+from trd.models.rotary import dynamic_inv_frequencies, inv_frequencies
 from trd.testing.tinymodels.build import save_random_checkpoint
 
 from hf_compare import engine_runs, max_diff

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from trd.engines.attention.base import BatchLayout
-from trd.engines.attention.torch_paged import BATCH_BELOW_TOKENS, TorchPagedAttention, kv_slots
+from trd.models.attention.base import BatchLayout
+from trd.models.attention.torch_paged import BATCH_BELOW_TOKENS, TorchPagedAttention, kv_slots
 
 H, KVH, D, PS, PAGES = 4, 2, 8, 4, 1024
 

@@ -30,7 +30,7 @@ START_TIMEOUT_S = 180.0
 DTYPE = "float32"  # every system serves both models in this dtype
 THREADS = 1  # torch threads per engine (and per standard server)
 CORES = os.cpu_count() or 1  # the host's: the threads of the agent bench's *_wide systems
-# Float32 linears through oneDNN's packed kernels (`trd/engines/packed.py`) for models of
+# Float32 linears through oneDNN's packed kernels (`trd/models/packed.py`) for models of
 # hidden size ONEDNN_MIN_HIDDEN and up: on this project's 2-core host a decode step of the
 # Qwen2.5-Coder pair at 4-16 rows costs 2-2.5x less than through MKL, where 2 rows already
 # cost twice one. oneDNN's call costs 25-50 us, more than a whole matmul of the fixtures'

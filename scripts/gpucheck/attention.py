@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from gpucheck.common import DRY_RUN, dump, log
-from trd.engines.attention import AttentionBackend, BatchLayout, make_backend, resolve_backend
-from trd.engines.attention.torch_paged import TorchPagedAttention
+from trd.models.attention import AttentionBackend, BatchLayout, make_backend, resolve_backend
+from trd.models.attention.torch_paged import TorchPagedAttention
 from trd.models.checkpoint import ModelConfig
 
 PAGE = 16

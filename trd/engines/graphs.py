@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trd.engines.attention import BatchLayout, make_backend
 from trd.engines.buckets import GraphShape, graph_shapes, pick_shape
 from trd.engines.padding import PaddedStep, pad_step
 from trd.engines.spec import EngineSettings
+from trd.models.attention import BatchLayout, make_backend
 
 if TYPE_CHECKING:  # the runner builds the graphs
     from torch.cuda import _POOL_HANDLE

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trd.engines.attention.base import BatchLayout
 from trd.engines.buckets import GraphShape
+from trd.models.attention.base import BatchLayout
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trd.engines.attention import BatchLayout, make_backend, resolve_backend
-from trd.engines.attention.base import AttentionBackend
 from trd.engines.buckets import graph_shapes
 from trd.engines.graphs import StepGraphs, device_tensor
-from trd.engines.loader import load_model, torch_dtype
-from trd.engines.packed import onednn_available, pack_linears
 from trd.engines.scheduler import Scheduled
 from trd.engines.spec import EngineSpec
+from trd.models.attention import BatchLayout, make_backend, resolve_backend
+from trd.models.attention.base import AttentionBackend
+from trd.models.loader import load_model, torch_dtype
+from trd.models.packed import onednn_available, pack_linears
 
 log = logging.getLogger(__name__)
 

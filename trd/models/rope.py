@@ -3,7 +3,7 @@
 transformers 5 writes `rope_parameters: {rope_type, rope_theta, ...}`; older checkpoints
 write `rope_theta` and `rope_scaling: {type | rope_type, factor, ...}`. Both read into
 one `RopeConfig`, with transformers' precedence (a non-empty `rope_scaling` wins) and
-defaults, so that the frequencies `trd/engines/rope.py` computes from it are the ones
+defaults, so that the frequencies `trd/models/rotary.py` computes from it are the ones
 transformers computes. A variant, key or value the model code does not implement is
 refused by name; nothing is silently ignored.
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 
 from trd import devices
 from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError, ModelEntry
-from trd.engines.attention.support import choose_backend
 from trd.engines.buckets import GraphShape, graph_shapes
 from trd.engines.spec import EngineSettings, EngineSpec
 from trd.memplan.plan import MemoryPlan, ModelMem, device_budget, model_mem, plan_memory
+from trd.models.attention.support import choose_backend
 from trd.mps.manager import MPS_CONTROL
 from trd.mps.resolve import resolve_mps
 from trd.remote.spec import RemoteSpec

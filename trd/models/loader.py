@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from safetensors import SafetensorError, safe_open
 
-from trd.engines.model import CausalLM
-from trd.engines.rope import RotaryEmbedding
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError
+from trd.models.model import CausalLM
+from trd.models.rotary import RotaryEmbedding
 
 # Buffers some exporters write that carry no weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trd.engines.attention.base import AttentionBackend, BatchLayout, slot_indices
+from trd.models.attention.base import AttentionBackend, BatchLayout, slot_indices
 
 # Below this context a decode row joins the padded batch: one call for many short rows
 # beats a call per row (measured: 16 rows of 32 tokens 0.16 vs 0.37 ms; 128 tokens even).

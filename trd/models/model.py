@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trd.engines.attention.base import AttentionBackend
-from trd.engines.rope import RotaryEmbedding
+from trd.models.attention.base import AttentionBackend
 from trd.models.checkpoint import ModelConfig
+from trd.models.rotary import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):

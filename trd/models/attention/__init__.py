@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
-from trd.engines.attention.base import AttentionBackend, BatchLayout
-from trd.engines.attention.support import choose_backend
 from trd.engines.buckets import GraphShape
+from trd.models.attention.base import AttentionBackend, BatchLayout
+from trd.models.attention.support import choose_backend
 from trd.models.checkpoint import ModelConfig
 
 __all__ = ["AttentionBackend", "BatchLayout", "make_backend", "resolve_backend"]
@@ -40,10 +40,10 @@ def make_backend(
     with index buffers for `max_pages` pages, sharing `share`'s workspaces; without
     `share`, with workspaces sized for the graphs of `shapes` that will share them."""
     if name == "torch":
-        from trd.engines.attention.torch_paged import TorchPagedAttention
+        from trd.models.attention.torch_paged import TorchPagedAttention
 
         return TorchPagedAttention(device)
-    from trd.engines.attention.flashinfer_paged import FlashInferPagedAttention
+    from trd.models.attention.flashinfer_paged import FlashInferPagedAttention
 
     assert share is None or isinstance(share, FlashInferPagedAttention)
     dims = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)

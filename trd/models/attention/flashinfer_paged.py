@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from trd.engines.attention.base import AttentionBackend, BatchLayout, slot_indices
 from trd.engines.buckets import GraphShape
 from trd.memplan.plan import FLASHINFER_INT_WORKSPACE_BYTES
 from trd.memplan.workspace import float_workspace_bytes
+from trd.models.attention.base import AttentionBackend, BatchLayout, slot_indices
 
 FLASHINFER_BACKEND = "fa2"
 INSTALL_HINT = "install flashinfer (pip install 'tokenrouterd[gpu]', the flashinfer-python package)"
