@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from typing import Any
 import yaml
 from bench_routing import make_jobs
 
+from trd.bench.stats import percentile
 from trd.config import load_config
 from trd.supervisor.deployment import plan_deployment
 from trd.supervisor.group import EngineGroup, run_closed_loop
@@ -112,8 +112,7 @@ def measure(group: EngineGroup, jobs: list[Any], n: int) -> dict[str, Any]:
 def percentiles(xs: list[float]) -> dict[str, float | None]:
     if len(xs) < 2:
         return {"p50": None, "p99": None, "n": len(xs)}
-    q = statistics.quantiles(xs, n=100)
-    return {"p50": q[49] * 1e6, "p99": q[98] * 1e6, "n": len(xs)}
+    return {"p50": percentile(xs, 50) * 1e6, "p99": percentile(xs, 99) * 1e6, "n": len(xs)}
 
 
 def main() -> int:
@@ -160,7 +159,7 @@ def main() -> int:
                 group.close()
             host.terminate()
             host.wait(30)
-    med = {m: statistics.median(r["tok_s"] for r in rs) for m, rs in runs.items()}
+    med = {m: percentile((r["tok_s"] for r in rs), 50) for m, rs in runs.items()}
     ratio = med["remote"] / med["local"]
     print(f"median tok/s: local {med['local']:.1f}, remote {med['remote']:.1f}: "
           f"remote/local = {ratio:.3f} ({(ratio - 1) * 100:+.1f}%)")  # fmt: skip

@@ -22,7 +22,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from benchkit.identity import identity
+from trd.bench.identity import identity
+
 from benchkit.notes import notes
 from benchkit.plots import write_plots
 from benchkit.tables import (

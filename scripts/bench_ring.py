@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 
+from trd.bench.stats import percentile
 from trd.ipc.eventfd import EventFd
 from trd.ipc.ring import Ring
 
@@ -45,7 +46,8 @@ def ponger(ping: Ring, pong: Ring, n: int) -> None:
 
 
 def pct(xs: list[float], q: float) -> float:
-    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e6
+    """The q-quantile (0..1) of seconds `xs`, in microseconds (`trd.bench.stats`)."""
+    return percentile(xs, 100 * q) * 1e6
 
 
 def main(n: int) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 from tokenizers import Tokenizer
 
 from trd.batching.live import recommend_live
+from trd.bench.stats import percentile
 from trd.engines.spec import BatchingSettings, EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
@@ -84,9 +84,9 @@ def summarize(results: list[Generation], wall: float) -> dict[str, Any]:
         "tok_s": tokens / wall,
         "large_fraction": large / tokens,
         "handoffs_per_request": handoffs / len(results),
-        "handoff_us_p50": 1e6 * statistics.median(lat) if lat else 0.0,
-        "handoff_us_p99": 1e6 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
-        "tpot_ms_p50": 1e3 * statistics.median(tpots) if tpots else 0.0,
+        "handoff_us_p50": 1e6 * percentile(lat, 50) if lat else 0.0,
+        "handoff_us_p99": 1e6 * percentile(lat, 99) if lat else 0.0,
+        "tpot_ms_p50": 1e3 * percentile(tpots, 50) if tpots else 0.0,
     }
 
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import openai
 
-from benchkit.chat_prompts import CHAT_PROMPTS
+from trd.bench.chat_prompts import CHAT_PROMPTS
+
 from benchkit.pairs import PAIRS, load_pair
 from benchkit.systems import daemon_config, start_daemon
 

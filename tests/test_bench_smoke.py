@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from bench_report import render
 
+from trd.bench.identity import digest_ids, digest_output, identity
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
 
 import background
-from benchkit.identity import digest_ids, digest_output, identity
 from benchkit.pairs import load_pair
 from benchkit.plan import PLANS
 from benchkit.plots import series_vs_n

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from trd.bench.chat_prompts import CHAT_PROMPTS
 from trd.frontend.tokens import PromptEncoder
 
-from benchkit.chat_prompts import CHAT_PROMPTS
 from benchkit.pairs import load_pair
 from benchkit.workloads import WORKLOADS, chat_prompts, prompts
 

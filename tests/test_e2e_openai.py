@@ -152,6 +152,39 @@ def test_concurrent_clients_get_the_oracle_output_streamed_or_not(
         assert info["usage"]["total_tokens"] == info["usage"]["prompt_tokens"] + MAX_TOKENS
 
 
+def test_bench_serve_measures_the_daemon_with_its_token_models(
+    daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`tokenrouterd bench serve` on the daemon: every column the stand-in server's run
+    has (tests/test_bench_serve.py), the token-model ones filled in from the oracle's."""
+    from trd.bench.identity import digest_text
+    from trd.bench.serve import main as bench_serve
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    out = tmp_path / "result.json"
+    argv = ["--base-url", daemon.url, "--endpoint", "completions", "--dataset", f"jsonl:{prompts}",
+            "--num-prompts", str(len(PROMPTS)), "--max-tokens", str(MAX_TOKENS), "--ignore-eos",
+            "--max-concurrency", "2", "--out", str(out)]  # fmt: skip
+    assert bench_serve(argv) == 0
+    run = json.loads(out.read_text())["runs"][0]
+    s, by_prompt = run["summary"], {digest_text(p): p for p in PROMPTS}
+    assert run["settings"]["model"] == "+".join(NAMES) and s["failed"] == 0
+    assert s["output_tokens"] == len(PROMPTS) * MAX_TOKENS
+    for rec in run["records"]:
+        want_text, want_counts = oracle[by_prompt[rec["prompt"]]]
+        assert rec["text"] == digest_text(want_text) and rec["tokens_per_model"] == want_counts
+        assert [rec["producers"].count(str(i)) for i in range(2)] == [want_counts[n] for n in NAMES]
+        assert rec["output"] is not None and rec["counted_by"] == "usage"
+    large = sum(oracle[p][1]["large"] for p in PROMPTS)
+    assert (s["large_model"], s["large_share"]) == ("large", large / s["output_tokens"])
+    assert s["tokens_per_model"] == {n: sum(oracle[p][1][n] for p in PROMPTS) for n in NAMES}
+    assert s["handoffs_per_request"] > 0 and s["identity"] is not None
+    table = capsys.readouterr().out
+    assert f"Large-token share:                {100 * s['large_share']:.1f}% (large)" in table
+
+
 def test_stop_string_cuts_the_text_streamed_and_not(
     daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]]
 ) -> None:

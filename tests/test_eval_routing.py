@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from trd.bench.chat_prompts import CHAT_PROMPTS
 from trd.routers import data
 from trd.routers.prompts import TRAIN_CHAT_PROMPTS, prompts
 
 import eval_routing
-from benchkit.chat_prompts import CHAT_PROMPTS
 from routerkit.judging import judging_prompts
 from routerkit.report import at_share, table
 from routerkit.sweep import Point, refinements

@@ -4,9 +4,8 @@
     tokenrouterd --config FILE       serve (what systemd runs)
     tokenrouterd --demo [qwen|tiny] [--port P]      serve a demo pair with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
-    tokenrouterd import-gguf FILE DIR  turn a llama.cpp GGUF file into a checkpoint folder
-    tokenrouterd engine --config F --model NAME --listen HOST:PORT
-                                     run one model on this host for a daemon elsewhere
+    tokenrouterd NAME ...            a subcommand of `SUBCOMMANDS` (tokenrouterd --help
+                                     lists them): bench, import-gguf, engine, train-router
 
 This module is the supervisor process. Start order: config -> devices -> MPS -> memory
 plan -> engines (READY from each) -> HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT:
@@ -35,6 +34,7 @@ import uvloop
 from aiohttp import web
 
 from trd import version
+from trd.commands import Subcommand, listing
 from trd.config import Address, Config, ConfigError, load_config
 from trd.demo.pair import DEMOS
 from trd.frontend.admin import AdminApi, MpsState
@@ -55,6 +55,15 @@ from trd.supervisor.keeper import EngineKeeper
 log = logging.getLogger("trd.daemon")
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
+SUBCOMMANDS = {
+    "bench": Subcommand("measure servers: bench serve (any OpenAI-compatible URL), ...",
+                        "trd.bench.cli:main"),
+    "import-gguf": Subcommand("turn a llama.cpp GGUF file into a checkpoint folder",
+                              "trd.models.gguf:main"),
+    "engine": Subcommand("run one model of a config on this host for a daemon elsewhere "
+                         "(remote: in the daemon's config)", "trd.remote.host:main"),
+    "train-router": Subcommand("train router heads for a pair", "trd.routers.train:main"),
+}  # fmt: skip
 # Once the grace period is over, handlers of aborted requests only write an error event.
 HANDLER_SHUTDOWN_S = 2.0
 
@@ -63,10 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="tokenrouterd",
         description=__doc__.split("\n\n")[0],
-        epilog="tokenrouterd import-gguf --help: import a GGUF file as a checkpoint; "
-        "tokenrouterd engine --help: run one model of a config on this host (remote: in "
-        "the daemon's config); tokenrouterd train-router --help: train router heads for "
-        "a pair",
+        epilog=listing("tokenrouterd", SUBCOMMANDS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, help="YAML config file")
     p.add_argument("--demo", nargs="?", const="qwen", choices=DEMOS,
@@ -117,18 +124,10 @@ def _exit_now(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["import-gguf"]:  # a one-off command, not the daemon
-        from trd.models.gguf import main as import_gguf_main
-
-        return import_gguf_main(argv[1:])
-    if argv[:1] == ["train-router"]:  # a one-off command, not the daemon
-        from trd.routers.train import main as train_router_main
-
-        return train_router_main(argv[1:])
-    if argv[:1] == ["engine"]:  # a remote engine's host, not the daemon
-        from trd.remote.host import main as engine_host_main
-
-        return engine_host_main(argv[1:], plan_deployment)
+    if argv[:1] == ["engine"]:  # a remote engine's host plans as the daemon does
+        return SUBCOMMANDS["engine"].run(argv[1:], plan_deployment)
+    if argv and argv[0] in SUBCOMMANDS:  # a command of its own, not the daemon
+        return SUBCOMMANDS[argv[0]].run(argv[1:])
     args = parse_args(argv)
     # Until the event loop takes them over, SIGTERM/SIGINT end a start cleanly.
     for sig in (signal.SIGTERM, signal.SIGINT):

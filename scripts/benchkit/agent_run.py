@@ -36,6 +36,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from trd.bench.stats import percentile
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
@@ -90,9 +91,9 @@ def summarize(turns: list[list[Turn]], wall: float) -> dict[str, Any]:
     tokens = sum(r.output_tokens for r in every)
     return {
         "turns": len(every), "wall_s": wall, "output_tokens": tokens, "throughput": tokens / wall,
-        "ttft_p50": float(np.percentile([r.ttft for r in later], 50)),
-        "ttft_p99": float(np.percentile([r.ttft for r in later], 99)),
-        "ttft1_p50": float(np.percentile([c[0].record.ttft for c in turns], 50)),
+        "ttft_p50": percentile([r.ttft for r in later], 50),
+        "ttft_p99": percentile([r.ttft for r in later], 99),
+        "ttft1_p50": percentile([c[0].record.ttft for c in turns], 50),
         "tpot_mean": float(np.mean([r.tpot for r in every])),
     }  # fmt: skip
 

@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
+from trd.bench.stats import percentile
 from trd.engines.stats import WINDOW
 
 from benchkit.client import Record
@@ -77,11 +76,11 @@ def handoff_latency(before: Snapshot, after: Snapshot) -> dict[str, Any]:
         window = body.get("window", {}).get("handoff_s", [])
         total += count
         sample += window[len(window) - min(count, len(window)) :] if count else []
-    us = np.asarray(sample) * 1e6
+    us = [1e6 * s for s in sample]
     return {
         "count": total, "sampled": len(sample), "window": WINDOW,
-        "p50_us": float(np.percentile(us, 50)) if len(us) else None,
-        "p99_us": float(np.percentile(us, 99)) if len(us) else None,
+        "p50_us": percentile(us, 50) if us else None,
+        "p99_us": percentile(us, 99) if us else None,
     }  # fmt: skip
 
 

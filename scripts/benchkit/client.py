@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
-from benchkit.identity import digest_ids, digest_output
+from trd.bench.identity import digest_ids, digest_output
 
 
 @dataclass

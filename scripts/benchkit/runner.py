@@ -1,7 +1,7 @@
 """Runs every system on every workload of a plan and collects the results.
 
     official  the reference: every prompt any system serves, at the longest length it
-              is served with (`identity.py`)
+              is served with (`trd/bench/identity.py`)
     tokenrouterd  thresholds all 1 (= no_delayed_batching), then the Markov model's
               recommendation: the N sweep, the length sweep, agent; then forced_delay
     ablation daemons (full plan), standard serving (std: prefix cache, std_nocache: none)
@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import torch
 
+from trd.bench.identity import Reference, identity
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
@@ -31,7 +32,6 @@ from baselines.dispatcher import Dispatcher
 from baselines.phases import delta
 from benchkit.ceiling import bound_kind, ceiling
 from benchkit.client import OpenAIClient, Record, Send, closed_loop
-from benchkit.identity import Reference, identity
 from benchkit.pairs import Pair
 from benchkit.plan import Plan
 from benchkit.stepcost import batching_bound, calibrate

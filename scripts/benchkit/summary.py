@@ -12,12 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from trd.bench.identity import digest_ids
+from trd.bench.stats import percentile
+
 from benchkit.client import Record
-from benchkit.identity import digest_ids
 
 
 def pct(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else 0.0
+    return percentile(values, q) if values else 0.0
 
 
 def prompt_set(records: Sequence[Record]) -> str:

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from benchkit.identity import differing
+from trd.bench.identity import differing
+
 from benchkit.summary import digest_set
 
 FULL = "tokenrouterd"

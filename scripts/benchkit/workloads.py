@@ -24,10 +24,9 @@ from typing import Literal
 
 from tokenizers import Tokenizer
 
+from trd.bench.chat_prompts import CHAT_PROMPTS
 from trd.frontend.tokens import PromptEncoder
 from trd.testing.tinymodels.corpus import corpus
-
-from benchkit.chat_prompts import CHAT_PROMPTS
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The prompts that judge router heads (scripts/eval_routing.py's --prompts), kept apart
 from the ones that train them (trd/routers/prompts.py).
 
-chat, magpie  the bench kit's CHAT_PROMPTS (scripts/benchkit/chat_prompts.py), which share
+chat, magpie  the bench kit's CHAT_PROMPTS (trd/bench/chat_prompts.py), which share
               no message with the training prompts
 written       CHAT_PROMPTS and TRAIN_CHAT_PROMPTS, 96 prompts, for heads that were not
               trained on the latter (magpie or corpus heads; eval_routing checks)
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trd.bench.chat_prompts import CHAT_PROMPTS
 from trd.routers.prompts import TRAIN_CHAT_PROMPTS, chat_prompts, corpus_prompts
-
-from benchkit.chat_prompts import CHAT_PROMPTS
 
 
 def judging_prompts(source: str, small_dir: Path, count: int) -> list[list[int]]:

@@ -28,6 +28,10 @@ def digest_ids(ids: Sequence[int]) -> str:
     return hashlib.sha1(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
+def digest_text(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def digest_output(ids: Sequence[int], models: Sequence[str]) -> str:
     body = json.dumps([list(ids), list(models)], separators=(",", ":"))
     return hashlib.sha1(body.encode()).hexdigest()[:16]
