@@ -17,8 +17,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from trd.frontend.openai_api import (
     parse_detokenize,
     parse_tokenize,
 )
-from trd.frontend.responses import Shaper, Usage
+from trd.frontend.responses import SSE_HEADERS, Shaper, Usage
 from trd.frontend.routing import RoutingRules
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
@@ -51,7 +51,6 @@ from trd.supervisor.hub import Hub, Unavailable
 
 log = logging.getLogger("trd.frontend")
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -174,7 +173,7 @@ class OpenAIApi:
         req = parse_chat(body, self.served.model_id, self.served.vocab_size)
         return await self._generate(request, req, "chat")
 
-    async def _prompt(self, req: GenRequest) -> tuple[list[int], SamplingParams]:
+    async def prompt(self, req: GenRequest) -> tuple[list[int], SamplingParams]:
         routing = self.served.rules.params(req.source)  # before the prompt's work
         enc = self.served.encoder
         if req.messages is not None:
@@ -197,10 +196,10 @@ class OpenAIApi:
             raise bad("min_tokens", f"{msg}, got {min_tokens}")
         return ids, req.params(max_tokens, routing)
 
-    async def _generate(
-        self, request: web.Request, req: GenRequest, endpoint: str
-    ) -> web.StreamResponse:
-        prompt, params = await self._prompt(req)
+    def open_choices(
+        self, req: GenRequest, prompt: list[int], params: SamplingParams
+    ) -> list[Choice]:
+        """Submit the request's choices to the engines (a 503 when it cannot be taken)."""
         if req.n > self.hub.max_inflight:
             raise bad("n", f"must be at most max_inflight ({self.hub.max_inflight}), got {req.n}")
         try:
@@ -208,18 +207,47 @@ class OpenAIApi:
         except Unavailable as exc:
             kind = "service_unavailable"
             raise ApiError(503, str(exc), None, exc.code, kind, exc.retry_after_s) from None
-        # The engines log the same hex id (the first choice's), so one grep follows a
-        # request everywhere.
-        kind = "chatcmpl" if req.chat else "cmpl"
-        shaper = Shaper(req.chat, f"{kind}-{gens[0].rid:x}", self.served.model_id)
         decoder = self.served.encoder.decoder
-        choices = [
+        return [
             Choice(i, g, TextStream(decoder, g.tokens, req.stop, req.keep_stop),
                    LogprobShaper(decoder, req.chat) if params.logprobs is not None else None)
             for i, g in enumerate(gens)
         ]  # fmt: skip
+
+    @asynccontextmanager
+    async def serving(
+        self, choices: list[Choice], rid: str, endpoint: str
+    ) -> AsyncIterator[Outcome]:
+        """The handling of submitted choices: whatever happens, their engine requests are
+        released and the request is logged and counted with its outcome. A client that
+        left while its answer was written (ConnectionResetError) ends here as a 499:
+        re-raised, aiohttp would log a traceback as a 500."""
         outcome = Outcome()
         try:
+            yield outcome
+        except ApiError as exc:
+            outcome.status = exc.status
+            raise
+        except asyncio.CancelledError:
+            outcome.status, outcome.finish = 499, "client_gone"  # nginx's code: client left
+            raise
+        except ConnectionResetError:
+            outcome.status, outcome.finish = 499, "client_gone"
+        finally:
+            for c in choices:
+                self.hub.release(c.gen)
+            self._record(rid, endpoint, outcome, choices)
+
+    async def _generate(
+        self, request: web.Request, req: GenRequest, endpoint: str
+    ) -> web.StreamResponse:
+        prompt, params = await self.prompt(req)
+        choices = self.open_choices(req, prompt, params)
+        # The engines log the same hex id (the first choice's), so one grep follows a
+        # request everywhere.
+        kind = "chatcmpl" if req.chat else "cmpl"
+        shaper = Shaper(req.chat, f"{kind}-{choices[0].gen.rid:x}", self.served.model_id)
+        async with self.serving(choices, shaper.id, endpoint) as outcome:
             if req.stream:
                 return await self._stream(request, req, choices, shaper, outcome)
             parts: list[list[str]] = [[] for _ in choices]
@@ -237,22 +265,8 @@ class OpenAIApi:
                 bodies.append(shaper.choice(c.index, content, finish or c.finish_reason,
                                             produced, logprobs, calls))  # fmt: skip
             outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
-            return web.json_response(shaper.final(bodies, self._usage(choices)))
-        except ApiError as exc:
-            outcome.status = exc.status
-            raise
-        except asyncio.CancelledError:
-            outcome.status, outcome.finish = 499, "client_gone"  # nginx's code: client left
-            raise
-        except ConnectionResetError:
-            # A write found the client gone. Re-raising would make aiohttp log a traceback
-            # as a 500; a response it cannot send is logged as a premature disconnect.
-            outcome.status, outcome.finish = 499, "client_gone"
-            return web.Response(status=499)
-        finally:
-            for gen in gens:
-                self.hub.release(gen)
-            self._record(shaper.id, endpoint, outcome, choices)
+            return web.json_response(shaper.final(bodies, self.usage(choices)))
+        return web.Response(status=499)  # the client left (`serving`)
 
     async def _stream(
         self,
@@ -269,7 +283,7 @@ class OpenAIApi:
             await resp.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
         def chunk(c: Choice, delta: str | None, finish: str | None = None) -> dict[str, Any]:
-            usage = self._usage(choices) if req.continuous_usage else None
+            usage = self.usage(choices) if req.continuous_usage else None
             if delta is None:  # a chat choice's opening: no tokens yet
                 return shaper.chunk(c.index, delta, finish, usage)
             begin, end = c.span()
@@ -293,7 +307,7 @@ class OpenAIApi:
                         await send(with_calls(chunk(c, text), calls))
             outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
             if req.include_usage:
-                await send(shaper.usage_chunk(self._usage(choices)))
+                await send(shaper.usage_chunk(self.usage(choices)))
         except ApiError as exc:
             # Headers are sent: the error travels as an event (the openai client raises it).
             outcome.status = exc.status
@@ -303,7 +317,7 @@ class OpenAIApi:
         return resp
 
     def _record(self, rid: str, endpoint: str, outcome: Outcome, choices: list[Choice]) -> None:
-        usage = self._usage(choices)
+        usage = self.usage(choices)
         now = time.perf_counter()
         gens = [c.gen for c in choices]
         ttfts = [g.ttft for g in gens if g.ttft is not None]
@@ -320,6 +334,6 @@ class OpenAIApi:
             e2e_ms=f"{(now - start) * 1e3:.1f}", error=error,
         ))  # fmt: skip
 
-    def _usage(self, choices: list[Choice]) -> Usage:
+    def usage(self, choices: list[Choice]) -> Usage:
         models = [c.served_models for c in choices]
         return Usage.of(choices[0].gen.prompt_len, models, self.served.names)

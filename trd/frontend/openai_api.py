@@ -109,7 +109,7 @@ def _api_error(exc: ValidationError) -> ApiError:
     return bad(param, f"{reason}, got {describe(first['input'])}")
 
 
-def _validate(schema: type[R], body: Any, vocab_size: int) -> R:
+def validate(schema: type[R], body: Any, vocab_size: int) -> R:
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {describe(body)}")
     try:
@@ -162,7 +162,7 @@ def _gen(
 
 
 def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
-    req = _validate(CompletionRequest, body, vocab_size)
+    req = validate(CompletionRequest, body, vocab_size)
     check_model(req.model, served)
     if parse_tools(body.get("tools"), body.get("tool_choice")) is not None:
         raise bad("tools", "only /v1/chat/completions calls tools")
@@ -173,7 +173,7 @@ def parse_completion(body: Any, served: str, vocab_size: int) -> GenRequest:
 
 
 def parse_chat(body: Any, served: str, vocab_size: int) -> GenRequest:
-    req = _validate(ChatRequest, body, vocab_size)
+    req = validate(ChatRequest, body, vocab_size)
     check_model(req.model, served)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad("top_logprobs", "needs logprobs to be true")
@@ -221,18 +221,18 @@ class TokenizeRequest:
 
 def parse_tokenize(body: Any, served: str, vocab_size: int) -> TokenizeRequest:
     if isinstance(body, dict) and "messages" in body:
-        chat = _validate(TokenizeChat, body, vocab_size)
+        chat = validate(TokenizeChat, body, vocab_size)
         _check_optional_model(chat.model, served)
         special = bool(chat.add_special_tokens)
         return TokenizeRequest(None, _messages(chat), _template(chat), special)
-    text = _validate(TokenizeText, body, vocab_size)
+    text = validate(TokenizeText, body, vocab_size)
     _check_optional_model(text.model, served)
     special = text.add_special_tokens is not False
     return TokenizeRequest(text.prompt, None, ChatTemplateArgs(), special)
 
 
 def parse_detokenize(body: Any, served: str, vocab_size: int) -> list[int]:
-    req = _validate(DetokenizeRequest, body, vocab_size)
+    req = validate(DetokenizeRequest, body, vocab_size)
     _check_optional_model(req.model, served)
     return req.tokens
 

@@ -77,7 +77,7 @@ def _in_vocab(ids: list[int], info: ValidationInfo) -> list[int]:
     return ids
 
 
-def _only(*allowed: Any) -> AfterValidator:
+def only(*allowed: Any) -> AfterValidator:
     """A field we cannot honour: only these values (of these JSON types) are accepted."""
     shown = " or ".join(json.dumps(a) for a in allowed)
 
@@ -93,7 +93,7 @@ def _json_type(v: Any) -> str | None:
     return "<str>" if isinstance(v, str) else "<list>" if isinstance(v, list) else None
 
 
-def _str_or_list(expected: str) -> Discriminator:
+def str_or_list(expected: str) -> Discriminator:
     """A union of a string form ("<str>") and an array form ("<list>"): one is validated."""
     return Discriminator(_json_type, custom_error_type="type", custom_error_message=expected)
 
@@ -115,37 +115,37 @@ StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS), UNICOD
 Stop = Annotated[
     Annotated[StopText, Tag("<str>")]
     | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS), Tag("<list>")],
-    _str_or_list("expected a string or an array of strings"),
+    str_or_list("expected a string or an array of strings"),
 ]
 Prompt = Annotated[
     Annotated[str, Field(min_length=1), UNICODE, Tag("<str>")] | Annotated[TokenIds, Tag("<list>")],
-    _str_or_list("expected a string or an array of token ids"),
+    str_or_list("expected a string or an array of token ids"),
     BeforeValidator(_one_prompt),
 ]
 MaxTokens = Annotated[int, wire_range("max_tokens", low=1)]
 
 
-class _Schema(BaseModel):
+class Schema(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
 
 
-class StreamOptions(_Schema):
+class StreamOptions(Schema):
     include_usage: bool | None = None  # a last chunk with the usage
     continuous_usage_stats: bool | None = None  # the usage so far in every chunk (vLLM)
 
 
-class TextPart(_Schema):
+class TextPart(Schema):
     type: Literal["text"]
     text: Text
 
 
 Content = Annotated[
     Annotated[Text, Tag("<str>")] | Annotated[list[TextPart], Tag("<list>")],
-    _str_or_list("expected a string or an array of text parts"),
+    str_or_list("expected a string or an array of text parts"),
 ]
 
 
-class ChatMessage(_Schema):
+class ChatMessage(Schema):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None  # None: an assistant turn that only calls tools
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
@@ -157,7 +157,7 @@ class ChatMessage(_Schema):
         return "".join(part.text for part in self.content)
 
 
-class Routing(_Schema):
+class Routing(Schema):
     """Our per-request routing (`extra_body={"routing": {...}}` in the openai client): at
     most one of the three. What depends on the daemon (a policy with a threshold, the
     threshold's scale, the model names) is checked by trd.frontend.routing."""
@@ -179,7 +179,7 @@ class Routing(_Schema):
         return self
 
 
-class RoutingFields(_Schema):
+class RoutingFields(Schema):
     """How a request is served, on every endpoint that generates (chat, completions,
     responses): its own routing, and vLLM's `priority` (lower first, default 0; ties by
     arrival) in every engine's queue. trd.frontend.routing turns them into the engines'
@@ -211,32 +211,32 @@ class GenerationRequest(RoutingFields):
     return_token_ids: bool | None = None  # vLLM's: output ids (and, ours, each one's model)
     user: Text | None = None  # an end-user label; only checked
     n: Annotated[int, Interval(ge=1, le=MAX_CHOICES)] | None = None  # choices, each its own run
-    best_of: Annotated[Any, _only(None, 1)] = None
-    echo: Annotated[Any, _only(None, False)] = None
-    suffix: Annotated[Any, _only(None, "")] = None
-    presence_penalty: Annotated[Any, _only(None, 0, 0.0)] = None
-    frequency_penalty: Annotated[Any, _only(None, 0, 0.0)] = None
-    repetition_penalty: Annotated[Any, _only(None, 1, 1.0)] = None
-    logit_bias: Annotated[Any, _only(None, {})] = None
+    best_of: Annotated[Any, only(None, 1)] = None
+    echo: Annotated[Any, only(None, False)] = None
+    suffix: Annotated[Any, only(None, "")] = None
+    presence_penalty: Annotated[Any, only(None, 0, 0.0)] = None
+    frequency_penalty: Annotated[Any, only(None, 0, 0.0)] = None
+    repetition_penalty: Annotated[Any, only(None, 1, 1.0)] = None
+    logit_bias: Annotated[Any, only(None, {})] = None
     tools: Any = None  # trd.frontend.tools (chat only)
     tool_choice: Any = None
     response_format: Any = None  # trd.frontend.structured, as the vLLM fields below
     # vLLM's extensions that change the output
-    min_p: Annotated[Any, _only(None, 0, 0.0)] = None
-    use_beam_search: Annotated[Any, _only(None, False)] = None
-    length_penalty: Annotated[Any, _only(None, 1, 1.0)] = None
-    prompt_logprobs: Annotated[Any, _only(None)] = None
-    allowed_token_ids: Annotated[Any, _only(None)] = None
-    bad_words: Annotated[Any, _only(None, [])] = None
-    logits_processors: Annotated[Any, _only(None)] = None
-    skip_special_tokens: Annotated[Any, _only(None, True)] = None
-    spaces_between_special_tokens: Annotated[Any, _only(None, True)] = None
-    truncate_prompt_tokens: Annotated[Any, _only(None)] = None
+    min_p: Annotated[Any, only(None, 0, 0.0)] = None
+    use_beam_search: Annotated[Any, only(None, False)] = None
+    length_penalty: Annotated[Any, only(None, 1, 1.0)] = None
+    prompt_logprobs: Annotated[Any, only(None)] = None
+    allowed_token_ids: Annotated[Any, only(None)] = None
+    bad_words: Annotated[Any, only(None, [])] = None
+    logits_processors: Annotated[Any, only(None)] = None
+    skip_special_tokens: Annotated[Any, only(None, True)] = None
+    spaces_between_special_tokens: Annotated[Any, only(None, True)] = None
+    truncate_prompt_tokens: Annotated[Any, only(None)] = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
-    structural_tag: Annotated[Any, _only(None)] = None
+    structural_tag: Annotated[Any, only(None)] = None
     structured_outputs: Any = None
 
 
@@ -268,7 +268,7 @@ def _template_kwargs(v: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
-class ChatFields(_Schema):
+class ChatFields(Schema):
     """The messages and how the chat template renders them (vLLM's fields besides OpenAI's)."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
@@ -277,7 +277,7 @@ class ChatFields(_Schema):
     chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(_template_kwargs)] | None = (
         None  # vLLM's: extra template variables, e.g. {"enable_thinking": false} for Qwen3
     )
-    chat_template: Annotated[Any, _only(None)] = None
+    chat_template: Annotated[Any, only(None)] = None
 
 
 class ChatRequest(GenerationRequest, ChatFields):
@@ -286,7 +286,7 @@ class ChatRequest(GenerationRequest, ChatFields):
 
 
 # vLLM's /tokenize (a prompt or a chat) and /detokenize; the model is optional there.
-class TokenizeText(_Schema):
+class TokenizeText(Schema):
     model: Text | None = None
     prompt: Text
     add_special_tokens: bool | None = None  # default true, as vLLM's
@@ -297,6 +297,6 @@ class TokenizeChat(ChatFields):
     add_special_tokens: bool | None = None  # default false: the template writes them
 
 
-class DetokenizeRequest(_Schema):
+class DetokenizeRequest(Schema):
     model: Text | None = None
     tokens: TokenIds
