@@ -88,7 +88,8 @@ def post(
         if detached is not None:
             hub.detach(detached, f"test: {detached}")
         served = Served(["small", "large"], encoder, CONTEXT, VOCAB, 0, policy)
-        app = OpenAIApi(served, hub, Metrics(dict, hub.gens.values, served.model_id, ())).app()
+        metrics = Metrics(dict, hub.gens.values, served.model_id, ())
+        app = OpenAIApi(served, hub, metrics, max_stored_responses=8).app()
         async with test_utils.TestClient(test_utils.TestServer(app)) as client:
             headers = {} if ctype is None else {"Content-Type": ctype}
             resp = await client.post(path, data=body, headers=headers)

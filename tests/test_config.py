@@ -144,6 +144,7 @@ BAD = [  # (key to set, value, expected start of the message)
     ("batching.auto_interval_s", -1, "batching.auto_interval_s: -1"),
     ("shutdown.grace_s", "soon", "shutdown.grace_s: 'soon': expected a number"),
     ("restart.max_retries", -1, "restart.max_retries: -1: must be >= 0"),
+    ("responses.max_stored", -1, "responses.max_stored: -1: must be >= 0"),
     ("lisen", "127.0.0.1:8000", "lisen: '127.0.0.1:8000': unknown key"),
 ]
 

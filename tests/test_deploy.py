@@ -166,7 +166,8 @@ def routes(tiny_models: dict[str, Path]) -> set[str]:
     path = tiny_models["small"]
     served = Served(["small"], PromptEncoder(path), 64, 0, 0, "scripted")
     hub = Hub(1)
-    app = OpenAIApi(served, hub, Metrics(dict, hub.gens.values, "small", ())).app()
+    metrics = Metrics(dict, hub.gens.values, "small", ())
+    app = OpenAIApi(served, hub, metrics, max_stored_responses=1).app()
     return {r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource}
 
 

@@ -22,6 +22,7 @@
     batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
     engine: {<trd/engines/spec.py EngineSettings: each key, default and check>}
     shutdown: {grace_s: 30}         restart: {max_retries: 3, backoff_s: 1.0}
+    responses: {max_stored: 1024}   /v1/responses kept in memory for previous_response_id
 
 A bad value raises ConfigError naming its key, the value and the reason; so does an
 unknown key. Model paths are resolved against the config file's folder and checked to
@@ -173,6 +174,7 @@ class Config:
     grace_s: float = 30.0
     max_retries: int = 3
     backoff_s: float = 1.0
+    max_stored_responses: int = 1024  # /v1/responses kept; the oldest beyond are dropped
 
     @property
     def local(self) -> tuple[ModelEntry, ...]:
@@ -239,6 +241,7 @@ def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
     batching = Section("batching", top.get("batching", {}))
     shutdown = Section("shutdown", top.get("shutdown", {}))
     restart = Section("restart", top.get("restart", {}))
+    responses = Section("responses", top.get("responses", {}))
     max_inflight = top.integer("max_inflight", 256, low=1)
     cfg = Config(
         models=models,
@@ -265,8 +268,9 @@ def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
         grace_s=shutdown.number("grace_s", 30.0, low=0.0),
         max_retries=restart.integer("max_retries", 3, low=0),
         backoff_s=restart.number("backoff_s", 1.0, low=0.0),
+        max_stored_responses=responses.integer("max_stored", 1024, low=0),
     )
-    for sec in (top, shutdown, restart):
+    for sec in (top, shutdown, restart, responses):
         sec.done()
     for i, m in enumerate(models):
         try:

@@ -249,7 +249,7 @@ class Daemon:
         controls = Controllers(keeper)
         admin = AdminApi(keeper, hub, self.deployment.plan, self.mps_state, controls)
         try:
-            api = OpenAIApi(served, hub, metrics).app()
+            api = OpenAIApi(served, hub, metrics, self.cfg.max_stored_responses).app()
             self.access.guard(api)
             await self._open(api, self.cfg.listen, self.access.ssl)
             await self._open(admin.app(), self.cfg.admin)

@@ -1,6 +1,8 @@
-"""The OpenAI-compatible HTTP API: completions, chat completions, models, probes, metrics.
+"""The OpenAI-compatible HTTP API: completions, chat completions, responses, models,
+probes, metrics.
 
     POST /v1/completions        POST /v1/chat/completions     (both: JSON or SSE stream)
+    POST /v1/responses          GET/DELETE /v1/responses/{id} (responses_api/)
     GET  /v1/models             GET  /v1/models/{model}       GET  /version
     POST /tokenize              POST /detokenize              (vLLM's)
     GET  /metrics (trd_* and the vLLM-named gauges)
@@ -40,6 +42,8 @@ from trd.frontend.openai_api import (
     parse_tokenize,
 )
 from trd.frontend.responses import SSE_HEADERS, Shaper, Usage
+from trd.frontend.responses_api.handler import ResponsesApi
+from trd.frontend.responses_api.store import ResponseStore
 from trd.frontend.routing import RoutingRules
 from trd.frontend.stream import TextStream
 from trd.frontend.tokens import PromptEncoder
@@ -97,13 +101,17 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 class OpenAIApi:
-    def __init__(self, served: Served, hub: Hub, metrics: Metrics) -> None:
+    def __init__(
+        self, served: Served, hub: Hub, metrics: Metrics, max_stored_responses: int
+    ) -> None:
         self.served, self.hub, self.metrics = served, hub, metrics
+        self.responses = ResponsesApi(self, ResponseStore(max_stored_responses, metrics.registry))
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
+        self.responses.add_routes(app.router)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_get("/version", self.version)
