@@ -20,20 +20,25 @@ from trd.frontend.responses_api.schema import (
 )
 from trd.frontend.tokens import PromptEncoder
 from trd.frontend.tools import parse_tools
+from trd.protocol import RoutingParams
 
-from frontend_wire import MODEL, post
+from frontend_wire import MODEL, assert_error, post
+from test_frontend_routing import REFUSED, SERVED
 
 FN = {"type": "function", "name": "add", "parameters": {"type": "object"}}
 
 
-def respond(encoder: PromptEncoder, failing: int | None = None, **fields: Any) -> Any:
+def respond(
+    encoder: PromptEncoder, failing: int | None = None, policy: str = "rstitch", **fields: Any
+) -> Any:
     body = {"model": MODEL, "input": "hi", "max_output_tokens": 4, **fields}
-    return post(encoder, "/v1/responses", json.dumps(body).encode(), failing=failing)
+    return post(encoder, "/v1/responses", json.dumps(body).encode(), failing=failing,
+                policy=policy)  # fmt: skip
 
 
 def test_fields_reach_the_engines_as_chat_would_send_them(encoder: PromptEncoder) -> None:
     fmt = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
-    ans = respond(encoder, temperature=0.5, top_p=0.9, text={"format": fmt}, priority=0)
+    ans = respond(encoder, temperature=0.5, top_p=0.9, text={"format": fmt})
     assert ans.status == 200, ans.body
     (submit,) = ans.submits
     params = submit.params
@@ -44,7 +49,25 @@ def test_fields_reach_the_engines_as_chat_would_send_them(encoder: PromptEncoder
                                  "input_tokens_details": {"cached_tokens": 0},
                                  "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
     assert ans.body["tokens_per_model"] == {"small": 2, "large": 1}
-    assert respond(encoder, priority=1).body["error"]["param"] == "priority"  # chat's check
+
+
+@pytest.mark.parametrize(("fields", "policy", "routing"), SERVED)
+def test_routing_and_priority_are_chats(
+    encoder: PromptEncoder, fields: dict[str, Any], policy: str, routing: RoutingParams
+) -> None:
+    """The request's own routing and priority, parsed and checked where chat's are."""
+    ans = respond(encoder, policy=policy, priority=-3, **fields)
+    assert ans.status == 200, ans.body
+    assert (ans.submits[0].params.routing, ans.submits[0].params.priority) == (routing, -3)
+
+
+@pytest.mark.parametrize(("fields", "policy", "param", "part"), REFUSED)
+def test_bad_routing_and_priority_are_400s_naming_the_field(
+    encoder: PromptEncoder, fields: dict[str, Any], policy: str, param: str, part: str
+) -> None:
+    ans = respond(encoder, policy=policy, **fields)
+    assert_error(ans, 400, param)
+    assert part in ans.body["error"]["message"], ans.body
 
 
 @pytest.mark.parametrize("stream", [False, True])
