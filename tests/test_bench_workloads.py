@@ -35,10 +35,10 @@ def test_chat_prompts_go_through_the_template_in_a_seeded_order(
 
 
 def test_the_real_tokenizer_frames_each_chat_prompt() -> None:
-    from trd.demo.large import ensure_large
+    from trd.testing.smollm2 import ensure_smollm2
 
     try:
-        folder = ensure_large(CACHE_DIR)
+        folder = ensure_smollm2(CACHE_DIR)
     except FileNotFoundError as exc:
         pytest.skip(f"no SmolLM2 checkpoint: {exc}")
     encoder = PromptEncoder(folder)

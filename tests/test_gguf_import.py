@@ -22,11 +22,11 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from trd.demo.large import packaged_gguf
 from trd.models.checkpoint import read_checkpoint
 from trd.models.gguf import import_gguf
 from trd.models.gguf_meta import GGUFImportError, GGUFMeta
 from trd.models.gguf_tokenizer import build_tokenizer
+from trd.testing.smollm2 import packaged_gguf
 from trd.testing.tinymodels.build import save_random_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,6 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from trd.demo.large import ensure_large
 from trd.engines.request import Request
 from trd.policies.base import PolicyContext, Route, StepView, host_routes
 from trd.policies.factory import make_policy
@@ -25,13 +24,14 @@ from trd.policies.glimp import top_entropy
 from trd.policies.params import PolicyError, PolicySpec, parse_policy
 from trd.policies.steps import StepTable, token_texts
 from trd.protocol import SamplingParams
+from trd.testing.smollm2 import ensure_smollm2
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 
 
 @pytest.fixture(scope="module")
 def smollm_dir() -> Path:
-    return ensure_large(CACHE_DIR)  # SmolLM2's tokenizer: byte-level BPE with "\n\n" tokens
+    return ensure_smollm2(CACHE_DIR)  # SmolLM2's tokenizer: byte-level BPE with "\n\n" tokens
 
 
 def test_step_ends_equal_decoding_every_prefix(smollm_dir: Path) -> None:

@@ -13,11 +13,11 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BatchEncoding
 
-from trd.demo.large import ensure_large
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.frontend.stream import TextStream
 from trd.protocol import SamplingParams
+from trd.testing.smollm2 import ensure_smollm2
 
 from hf_compare import hf_greedy
 
@@ -41,7 +41,7 @@ REPLACEMENT = "\ufffd"
 
 @pytest.fixture(scope="session")
 def large_model() -> Path:
-    return ensure_large(CACHE_DIR)
+    return ensure_smollm2(CACHE_DIR)
 
 
 @pytest.fixture(scope="module")

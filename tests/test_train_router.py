@@ -44,7 +44,7 @@ def test_train_router_is_a_tokenrouterd_command_whose_help_says_what_it_needs(
 
 
 def test_prompt_source_and_count_defaults(tiny_models: dict[str, Path]) -> None:
-    """Other pairs: 64 written chat prompts; magpie (the demo pair's default): 512."""
+    """Other pairs: 64 written chat prompts; magpie, the model's own questions: 512."""
     pair = ["--small", str(tiny_models["small"]), "--large", str(tiny_models["large"])]
     args = train_router.parse_args([*pair, "--out", "x"])
     assert (args.prompts, args.num_prompts) == ("chat", 64)

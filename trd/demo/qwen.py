@@ -9,7 +9,7 @@ sha256 (`trd.demo.parts`), imports it as a bfloat16 HF folder and deletes the GG
     <cache base>/qwen2.5-coder-0.5b-instruct-v1/   config.json model.safetensors tokenizer.json ...
     <cache base>/qwen2.5-coder-1.5b-instruct-v1/
 
-Once, under the folder's own lock (SmolLM2's import, `trd.demo.large`, never waits for
+Once, under the folder's own lock (SmolLM2's import, `trd.testing.smollm2`, never waits for
 these minutes, nor they for it); a folder appears only complete (by rename), so a crash
 or a refused part leaves nothing behind but a `.build-*` temp folder.
 """
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from trd.demo.parts import Parts, join_parts, require_installed
+from trd.models.cache import MODEL_FILES, cache_base, folder_lock, is_complete, publish
 from trd.models.gguf import import_gguf
-from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, folder_lock, is_complete, publish
 
 SMALL = Parts(
     label="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF)",

@@ -4,7 +4,7 @@ Engines on one host split its cores (`threads` each). With one request in flight
 whenever the others have nothing runnable, an engine would leave its peers' cores
 idle: a request alternates between models, so only one of them works at a time. Such
 a forward runs on `threads_alone` threads instead (measured on 2 cores, SmolLM2-135M:
-55 -> 33 ms a decode step at batch 1, its 2-layer partner 11.9 -> 6.1 ms).
+55 -> 33 ms a decode step at batch 1).
 
 An engine runs wide only when every active request of the daemon is runnable on it
 (so no peer can get work before this forward's tokens are routed) and no peer runs

@@ -5,13 +5,12 @@ chat    64 written prompts (TRAIN_CHAT_PROMPTS below; nothing downloaded), throu
 code    96 small coding tasks written here (CODE_PROMPTS below: Python mostly, some
         JavaScript, SQL, shell, Go, Rust and C; writing, fixing and explaining code), the
         default for the demo pair of code models. None is a HumanEval problem or one of
-        its topics (scripts/humaneval.py judges the heads on those).
-magpie  questions the large model writes itself (`trd.demo.teacher`, seeds no other build
-        uses), as many as asked for: heads trained on 64 written prompts lost to the
-        entropy rule, on 512 of these they beat it (docs/quality.md). For ChatML models.
+        its topics (`tokenrouterd eval humaneval` judges the heads on those).
+magpie  questions the large model writes itself (`trd/routers/magpie.py`), as many as
+        asked for, rendered by the small model's chat template.
 corpus  the fixture pair (trained on plain text): prompts cut from held-out fixture
         documents, the first half of the documents for training (the second half judges,
-        scripts/routerkit/judging.py, with the bench's chat prompts, which share no
+        trd/evals/routing/judging.py, with the bench's chat prompts, which share no
         message with these).
 """
 
@@ -24,17 +23,14 @@ from typing import Literal
 
 from tokenizers import Tokenizer
 
-from trd.demo import teacher
 from trd.frontend.tokens import PromptEncoder
+from trd.routers import magpie
 from trd.testing.tinymodels.corpus import corpus
 
 Split = Literal["train", "eval"]
-# teacher.converse_parallel's seeds are seed * 1_000_003 + i: the partner's build uses
-# seed 0, demo_quality's held-out chats 7_777_777 + i; these questions use neither.
 MAGPIE_SEED = 2
 # Asked for beyond `count`: some questions run past 64 tokens or repeat.
 MAGPIE_SPARE = 1.25
-MAGPIE_WORKERS = 2
 
 TRAIN_CHAT_PROMPTS = (
     "Explain how a refrigerator keeps food cold.",
@@ -220,7 +216,7 @@ def prompts(
     if large_dir is None:
         raise ValueError("magpie prompts need the large model that writes them")
     asked = math.ceil(count * MAGPIE_SPARE)
-    texts = teacher.questions(large_dir, asked, seed=MAGPIE_SEED, workers=MAGPIE_WORKERS)
+    texts = magpie.questions(large_dir, asked, seed=MAGPIE_SEED)
     return chat_prompts(small_dir, texts, count)
 
 

@@ -8,7 +8,7 @@ What it needs: the pair's two checkpoint folders (one tokenizer), or --pair for 
 fixture pair; prompts (--prompts: code, the 96 small coding tasks the project writes, the
 default for --pair demo; chat, 64 written questions, the default for other pairs; magpie,
 questions the large model writes itself; corpus for the fixture pair). None is a HumanEval
-problem (scripts/humaneval.py judges the heads there).
+problem (`tokenrouterd eval humaneval` judges the heads there).
 What it writes: OUT/{citer,r2r,collm}.safetensors, each with the pair's identity (another
 pair refuses them) and the threshold chosen for it (used when the config gives none), and
 OUT/training.json with every count, wall and CPU time per phase. Serve one with

@@ -36,16 +36,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from trd.models.cache import MODEL_FILES, is_complete, locked, publish
 from trd.testing.tinymodels import train as tr
-from trd.testing.tinymodels.cache import (
-    MODEL_FILES,
-    cache_root,
-    ensure_tokenizer,
-    is_complete,
-    locked,
-    publish,
-    tokenizer_in,
-)
+from trd.testing.tinymodels.cache import cache_root, ensure_tokenizer, tokenizer_in
 from trd.testing.tinymodels.corpus import corpus
 from trd.testing.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE, save_tokenizer, train_tokenizer
 

@@ -1,86 +1,29 @@
-"""Where built fixtures live, and the lock that lets racing processes build them once.
+"""Where the built fixtures live (below the general model cache, `trd/models/cache.py`),
+and their shared tokenizer, trained once per cache.
 
-    <cache_dir>/tiny-models-v<BUILD_VERSION>/
+    <cache base>/tiny-models-v<BUILD_VERSION>/
       .lock          flock'ed while anything is checked or built
       tokenizer/     tokenizer.json, tokenizer_config.json, chat_template.jinja
       small/ mid/ large/ [m30/]
-
-A folder appears only by `os.rename` of a finished build, so a reader never
-sees half a checkpoint; a crash leaves at most a `.build-*` temp folder.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from trd.models.cache import TOKENIZER_FILES, cache_base, is_complete, locked, publish
 from trd.testing.tinymodels.tokenizer import save_tokenizer, train_tokenizer
 
 # Bump whenever corpus, tokenizer, specs or training change, so that stale
 # fixtures are rebuilt rather than reused.
 BUILD_VERSION = 3
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", *TOKENIZER_FILES)
-
-
-def cache_base(cache_dir: Path | None = None) -> Path:
-    """cache_dir, else $TRD_CACHE_DIR, else ~/.cache/tokenrouterd.
-
-    Absolute, so the paths handed to engines and written into configs do not depend on
-    the working directory of whoever reads them.
-    """
-    base = cache_dir or Path(
-        os.environ.get("TRD_CACHE_DIR") or Path.home() / ".cache" / "tokenrouterd"
-    )
-    return Path(base).expanduser().absolute()
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
     """The fixtures' folder: versioned below `cache_base`."""
     return cache_base(cache_dir) / f"tiny-models-v{BUILD_VERSION}"
-
-
-@contextmanager
-def locked(root: Path, name: str = ".lock") -> Iterator[None]:
-    """Exclusive lock on root (created if needed) across processes, by the file root/name:
-    builds that publish different folders into one root may take one lock file each."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / name, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def folder_lock(root: Path, folder: str) -> AbstractContextManager[None]:
-    """The lock of one published folder of root (its own lock file, `.<folder>.lock`), so
-    that builds of different folders in one root do not wait on each other."""
-    return locked(root, f".{folder}.lock")
-
-
-def is_complete(folder: Path, files: tuple[str, ...]) -> bool:
-    return all((folder / f).is_file() for f in files)
-
-
-def publish(root: Path, build: Callable[[Path], object], names: list[str]) -> None:
-    """Run build(tmp) and move each tmp/<name> to root/<name>; caller holds the lock."""
-    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
-    try:
-        build(tmp)
-        for name in names:
-            if (root / name).exists():  # an incomplete leftover of an older layout
-                shutil.rmtree(root / name)
-            os.rename(tmp / name, root / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def tokenizer_in(root: Path) -> Tokenizer:

