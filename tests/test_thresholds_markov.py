@@ -155,6 +155,22 @@ def test_recommend_and_table_for_r2r_figures() -> None:
     assert to_table(results, 2) == [[1, 1, 1, 1], [1, 2, 2, 3]]
 
 
+def test_r2r_figures_up_to_eight_requests() -> None:
+    """R2R's figures (35% of tokens to the large model, which hands back after one; 6.0
+    and 27.9 ms steps; the small model never waits): one request makes 1.35 tokens per
+    6 + 0.35 * 27.9 ms; the large model's best threshold grows with the requests, and
+    waiting for a batch beats running at once from 2 requests on."""
+    s = spec([[0.65, 0.35], [1.0, 0.0]], [[6.0] * 8, [27.9] * 8])
+    results = recommend(s, range(1, 9), fixed={0: 1})
+    assert results[1].tokens_per_s == pytest.approx(1000 * 1.35 / (6.0 + 0.35 * 27.9))
+    assert to_table(results, 2) == [[1] * 8, [1, 2, 2, 3, 4, 4, 5, 5]]
+    for n in range(2, 9):
+        curve = dict(results[n].curve)
+        assert curve[results[n].thresholds] > curve[(1, 1)], n
+    rates = [results[n].tokens_per_s for n in range(1, 9)]
+    assert rates == sorted(rates)
+
+
 def test_table_rejects_results_of_another_model_count() -> None:
     result = SearchResult(n=1, thresholds=(1, 1), tokens_per_s=1.0, curve=[])
     with pytest.raises(ValueError, match="expected 3"):

@@ -1,6 +1,8 @@
 """Build the fixture models into a folder and print what they measure on held-out text.
 
-python scripts/make_tiny_models.py OUT_DIR [--names small,mid,large,m30] [--seed 0]
+python -m trd.testing.tinymodels OUT_DIR [--names small,mid,large,m30] [--seed 0]
+
+(The tests build them into the cache by themselves: `build.ensure_models`.)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from trd.testing.tinymodels.tokenizer import save_tokenizer, train_tokenizer
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
+        prog="python -m trd.testing.tinymodels",
         description="Train the tiny routing fixture models (shared byte-level BPE tokenizer, "
         "Qwen3 architecture) on the standard library's docstrings and save each as a "
         "Hugging Face folder OUT_DIR/<name>/.",
