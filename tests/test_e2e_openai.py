@@ -185,6 +185,29 @@ def test_bench_serve_measures_the_daemon_with_its_token_models(
     assert f"Large-token share:                {100 * s['large_share']:.1f}% (large)" in table
 
 
+def test_eval_humaneval_records_the_daemons_token_models(daemon: Daemon, tmp_path: Path) -> None:
+    """`tokenrouterd eval humaneval --limit 3` on the daemon: every completion judged, and
+    each one's large-token share from the producers the daemon returned (the stand-in
+    server without them: tests/test_eval_humaneval.py)."""
+    from trd.evals.humaneval.run import main as humaneval
+
+    out = tmp_path / "heval.json"
+    argv = ["--base-url", daemon.url, "--limit", "3", "--max-tokens", "8", "--out", str(out)]
+    assert humaneval(argv) == 0
+    run = json.loads(out.read_text())["runs"][0]
+    assert [r["task_id"] for r in run["records"]] == [f"HumanEval/{i}" for i in range(3)]
+    large = 0
+    for rec in run["records"]:
+        assert rec["verdict"] and rec["error"] is None and rec["counted_by"] == "usage"
+        tokens = rec["output_tokens"]
+        assert sum(rec["tokens_per_model"].values()) == tokens == len(rec["producers"])
+        assert rec["large_share"] == rec["producers"].count("1") / len(rec["producers"])
+        assert rec["large_share"] == rec["tokens_per_model"]["large"] / rec["output_tokens"]
+        large += rec["tokens_per_model"]["large"]
+    s = run["summary"]
+    assert 0 < s["large_share"] == large / s["output_tokens"] and s["large_model"] == "large"
+
+
 def test_stop_string_cuts_the_text_streamed_and_not(
     daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]]
 ) -> None:

@@ -5,7 +5,7 @@
     tokenrouterd --demo [qwen|tiny] [--port P]      serve a demo pair with R-Stitch on CPU
     tokenrouterd --check --config F  validate the config and print the memory plan
     tokenrouterd NAME ...            a subcommand of `SUBCOMMANDS` (tokenrouterd --help
-                                     lists them): bench, import-gguf, engine, train-router
+                                     lists them): bench, eval, import-gguf, engine, train-router
 
 This module is the supervisor process. Start order: config -> devices -> MPS -> memory
 plan -> engines (READY from each) -> HTTP ports -> READY=1 to systemd. SIGTERM/SIGINT:
@@ -58,6 +58,8 @@ EXIT_FAILED, EXIT_CONFIG = 1, 2
 SUBCOMMANDS = {
     "bench": Subcommand("measure servers: bench serve (any OpenAI-compatible URL), ...",
                         "trd.bench.cli:main"),
+    "eval": Subcommand("evaluate quality: eval humaneval (any OpenAI-compatible URL), "
+                       "routing, structured, demo, calibrate, ...", "trd.evals.cli:main"),
     "import-gguf": Subcommand("turn a llama.cpp GGUF file into a checkpoint folder",
                               "trd.models.gguf:main"),
     "engine": Subcommand("run one model of a config on this host for a daemon elsewhere "

