@@ -1,4 +1,4 @@
-"""scripts/eval_routing.py's arithmetic and options: where refined sweep points go, the
+"""`tokenrouterd eval routing`'s arithmetic and options: where refined sweep points go, the
 equal-share table, the curves and prompt sets it may run (the sweep itself runs engine
 processes: docs/quality.md has a run)."""
 
@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from trd.bench.chat_prompts import CHAT_PROMPTS
+from trd.evals.routing import main as eval_routing
+from trd.evals.routing.judging import judging_prompts
+from trd.evals.routing.report import at_share, table
+from trd.evals.routing.sweep import Point, refinements
 from trd.routers import data
 from trd.routers.prompts import TRAIN_CHAT_PROMPTS, prompts
-
-import eval_routing
-from routerkit.judging import judging_prompts
-from routerkit.report import at_share, table
-from routerkit.sweep import Point, refinements
 
 
 def point(share: float, tau: float, nll: float = 3.0, label: str = "p") -> Point:

@@ -113,13 +113,12 @@ def test_trained_heads_serve_their_pair_only(tiny_models: dict[str, Path], train
 def test_the_evaluation_scores_every_position_with_trained_and_random_heads(
     tiny_models: dict[str, Path], trained: Path, tmp_path: Path
 ) -> None:
-    """eval_routing's curves on teacher-forced positions: each head (trained, and the
+    """`eval routing`'s curves on teacher-forced positions: each head (trained, and the
     untrained one of its shape) reads the features the data gives it."""
     import argparse
 
+    from trd.evals.routing import main as eval_routing
     from trd.routers import data
-
-    import eval_routing
 
     prompts, answers = [[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15, 16]]
     pos = data.teacher_force(tiny_models["small"], prompts, answers)

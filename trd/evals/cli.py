@@ -11,6 +11,8 @@ COMMANDS = {
                           "differences, the gap recovered", "trd.evals.humaneval.compare:main"),
     "nll": Subcommand("add each HumanEval completion's NLL under the large model to result "
                       "files", "trd.evals.humaneval.nll:main"),
+    "routing": Subcommand("every routing policy's quality against its large-model share on "
+                          "one pair: threshold sweeps, plots", "trd.evals.routing.main:main"),
 }  # fmt: skip
 
 

@@ -1,10 +1,10 @@
-"""The prompts that judge router heads (scripts/eval_routing.py's --prompts), kept apart
+"""The prompts that judge router heads (`eval routing --prompts`), kept apart
 from the ones that train them (trd/routers/prompts.py).
 
 chat, magpie  the bench kit's CHAT_PROMPTS (trd/bench/chat_prompts.py), which share
               no message with the training prompts
 written       CHAT_PROMPTS and TRAIN_CHAT_PROMPTS, 96 prompts, for heads that were not
-              trained on the latter (magpie or corpus heads; eval_routing checks)
+              trained on the latter (magpie or corpus heads; `eval routing` checks)
 corpus        the second half of the held-out fixture documents
 """
 

@@ -1,19 +1,22 @@
-"""Quality against cost of every routing policy on one pair: threshold sweeps -> JSON, plots.
+"""`tokenrouterd eval routing`: quality against cost of every routing policy on one pair,
+threshold sweeps -> a result JSON, plots, a table.
 
-    .venv/bin/python scripts/eval_routing.py --pair demo --heads routers/demo --out quality/demo
-    .venv/bin/python scripts/eval_routing.py --pair tiny --heads routers/tiny --out quality/tiny
+    tokenrouterd eval routing --pair demo --heads routers/demo --out quality/demo
+    tokenrouterd eval routing --pair tiny --heads routers/tiny --out quality/tiny
 
 Curves: the entropy rule (rstitch), GlimpRouter (glimp), the trained citer/r2r/collm heads
 (from `tokenrouterd train-router --out`) and untrained heads of the same shapes (seeded,
 written to OUT/random/). Reference points: large-only and small-only. Every point runs
 the evaluation prompts (none of them seen in training) on real engine processes at
-concurrency --concurrency, greedy; measures in scripts/routerkit/sweep.py.
+concurrency --concurrency, greedy; measures in sweep.py.
 
 Sweep points: each policy's thresholds are the quantiles of its score over the small
 model teacher-forced on the large-only answers that escalate --shares of the positions
 (an offline estimate: the measured share is what the plots use).
 
-Writes OUT/quality.json, OUT/quality_{identical,nll,handoffs_per_req,tok_s}.png and
+Writes OUT/quality.json (the one result schema, trd/bench/result.py: command, commit,
+machine load at start and end; its runs are the sweep's points),
+OUT/quality_{identical,nll,handoffs_per_req,tok_s}.png and
 OUT/quality_table.md (identical fraction and NLL of each curve at equal large shares; and
 offline, on the same teacher-forced positions, the share of positions each score must
 escalate to catch 95% of the small model's mismatches: lower is a better ranking).
@@ -23,13 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trd.bench.result import Result
+from trd.evals.routing.judging import judging_prompts
+from trd.evals.routing.report import offline_table, plot, table
+from trd.evals.routing.sweep import Job, Judge, run, sweep
+from trd.evals.routing.sweep import group_for as start_group
 from trd.policies.heads import load_head, save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
@@ -37,18 +43,14 @@ from trd.routers import data
 from trd.routers.fit import recall_threshold
 from trd.routers.pairs import resolve_pair
 
-from routerkit.judging import judging_prompts
-from routerkit.report import offline_table, plot, table
-from routerkit.sweep import Job, Judge, run, sweep
-from routerkit.sweep import group_for as start_group
-
 KINDS = ("citer", "r2r", "collm")
 CURVES = ("entropy", "glimp", *KINDS, "random")  # --curves: random = the untrained heads
 TABLE_SHARES = (0.1, 0.2, 0.3, 0.4)  # the equal-share table's columns, refined toward
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="tokenrouterd eval routing", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
     ap.add_argument("--pair", choices=("demo", "tiny"), help="a known pair (else --small/--large)")
     ap.add_argument("--small", type=Path)
     ap.add_argument("--large", type=Path)
@@ -136,8 +138,15 @@ def alone(path: Path, jobs: list[Job], args: argparse.Namespace) -> tuple[list[A
         group.close()
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> int:
+    evaluate(argv)
+    return 0
+
+
+def evaluate(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    result = Result("eval routing", None if argv is None else ["tokenrouterd", "eval",
+                                                               "routing", *argv])  # fmt: skip
     torch.set_num_threads(1)  # the engine processes use the cores
     shares = [float(s) for s in args.shares.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                                      args.num_prompts)]  # fmt: skip
     large_only = alone(args.large, jobs, args)
     judge = Judge(args.large, jobs, [g.tokens for g in large_only[0]])
-    points = []
+    points: list[dict[str, Any]] = []
     for label, (gens, seconds) in (("large-only", large_only),
                                    ("small-only", alone(args.small, jobs, args))):  # fmt: skip
         point = judge.point(label, None, gens, seconds)
@@ -161,21 +170,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         offline[label] = recall_threshold(score, pos.mismatch.float())[2]
         points += sweep(pair, label, spec, taus, jobs, judge, args.concurrency, args.cpu_linear,
                         TABLE_SHARES)  # fmt: skip
-    result = {
+    settings = {
         "small": str(args.small), "large": str(args.large), "prompts": len(jobs),
         "prompt_source": args.prompts, "max_tokens": args.max_tokens,
-        "concurrency": args.concurrency, "load_average": os.getloadavg(), "points": points,
-        "offline_share_at_recall_95": offline,
+        "concurrency": args.concurrency, "cpu_linear": args.cpu_linear,
     }  # fmt: skip
-    (args.out / "quality.json").write_text(json.dumps(result, indent=2))
+    result.system("pair", settings)
+    for row in points:
+        result.run({"system": row["policy"], **row})
+    result.body["offline_share_at_recall_95"] = offline
+    result.write(args.out / "quality.json")
     title = f"{args.small.name} + {args.large.name}"
     plot(points, args.out, title)
     md = table(points, list(TABLE_SHARES)) + "\n\n" + offline_table(offline)
     (args.out / "quality_table.md").write_text(md + "\n")
     print(md)
     print(f"wrote {args.out}", flush=True)
-    return result
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    return result.body
