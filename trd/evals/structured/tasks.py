@@ -1,7 +1,8 @@
-"""The 50 structured tasks of scripts/structured_bench.py: JSON schemas (nested objects,
-enums, arrays, bounded numbers), regexes, choices, and tool calls with 1-3 functions.
+"""The 50 tasks of `tokenrouterd eval structured`: JSON schemas (nested objects, enums,
+arrays, bounded numbers), regexes, choices, and tool calls with 1-3 functions.
 
-Each task is a chat request's extra fields (the constraint) with a checker of its answer.
+Each task is a chat request's extra fields (the constraint) with a checker of its answer:
+its text, or its tool calls as {"name", "arguments"} read from the stream.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ def _obj(props: dict[str, Any], **extra: Any) -> dict[str, Any]:
             "additionalProperties": False, **extra}  # fmt: skip
 
 
+KINDS = ("json", "regex", "choice", "tool")
 S = {"type": "string", "maxLength": 40}
 PERSON = _obj(
     {
@@ -121,12 +123,12 @@ TOOL_ASKS = [
 
 @dataclass(frozen=True)
 class Task:
-    kind: str  # json | regex | choice | tool
+    kind: str  # of KINDS
     prompt: str
-    extra: dict[str, Any]  # the request's constraint fields
+    extra: dict[str, Any]  # the request body's constraint fields
     spec: Any  # the schema, regex, choices or functions the answer is checked against
 
-    def valid(self, content: str | None, calls: list[Any]) -> bool:
+    def valid(self, content: str | None, calls: list[dict[str, str]]) -> bool:
         try:
             if self.kind == "json":
                 jsonschema.validate(json.loads(content or ""), self.spec)
@@ -136,11 +138,12 @@ class Task:
                 return content in self.spec
             else:
                 params = {f["name"]: f["parameters"] for f in self.spec}
-                for call in calls or [None]:
-                    args = json.loads(call.function.arguments)
-                    jsonschema.validate(args, params[call.function.name])
+                if not calls:
+                    return False
+                for call in calls:
+                    jsonschema.validate(json.loads(call["arguments"]), params[call["name"]])
             return True
-        except (ValueError, jsonschema.ValidationError, KeyError, AttributeError):
+        except (ValueError, jsonschema.ValidationError, KeyError):
             return False
 
 
@@ -150,9 +153,9 @@ def tasks() -> list[Task]:
         fmt = {"type": "json_schema", "json_schema": {"name": kind, "schema": SCHEMAS[kind]}}
         out += [Task("json", f"Describe {s} as JSON.", {"response_format": fmt}, SCHEMAS[kind])
                 for s in subjects]  # fmt: skip
-    out += [Task("regex", f"{p}. Answer with it only.", {"extra_body": {"structured_outputs":
-            {"regex": r}}}, r) for p, r in REGEXES]  # fmt: skip
-    out += [Task("choice", q, {"extra_body": {"guided_choice": c}}, c) for q, c in CHOICES]
+    out += [Task("regex", f"{p}. Answer with it only.", {"structured_outputs": {"regex": r}}, r)
+            for p, r in REGEXES]  # fmt: skip
+    out += [Task("choice", q, {"guided_choice": c}, c) for q, c in CHOICES]
     for ask, fns, choice in TOOL_ASKS:
         tool_choice = (
             choice if choice == "required" else {"type": "function", "function": {"name": choice}}
