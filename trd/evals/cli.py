@@ -16,6 +16,11 @@ COMMANDS = {
     "structured": Subcommand("structured outputs on any OpenAI-compatible server: validity, "
                              "large share, tok/s with and without constraints, mask time",
                              "trd.evals.structured.run:main"),
+    "demo": Subcommand("the demo pair's answers: small alone, large alone, routed; NLL under "
+                       "the large model, step costs (JSON, docs/demo.md)", "trd.evals.demo:main"),
+    "calibrate": Subcommand("the threshold that leaves the large model a target share "
+                            "(R-Stitch, GlimpRouter): estimate or bisection",
+                            "trd.evals.calibrate:main"),
 }  # fmt: skip
 
 

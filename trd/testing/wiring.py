@@ -2,7 +2,7 @@
 their tokens with the reference loop's (`trd.testing.reference`) or with known outputs.
 
 `Wiring(specs)` runs every engine in turn, each reading its whole inbox and stepping:
-what the GPU check and scripts/demo_quality.py use. `Wiring(specs, seed=n)` chooses the
+what the GPU check and `tokenrouterd eval demo|calibrate` use. `Wiring(specs, seed=n)` chooses the
 interleavings: it steps random engines, delivers random amounts of their inboxes,
 duplicates half the peer messages and Emits, inserted out of order, and checks every
 engine's integrity after each step (the routing tests). `run` drives a workload to the

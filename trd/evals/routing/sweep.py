@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trd.engines.spec import EngineSpec
+from trd.evals.inprocess import response_nll
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.supervisor.group import EngineGroup, run_closed_loop
@@ -86,10 +87,7 @@ class Judge:
         """(sum of -log p over the response's tokens, their count)."""
         key = (*prompt, -1, *response)
         if key not in self.cache:
-            logits = self.model(torch.tensor([prompt + response])).logits[0].float()
-            logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-            picked = logp.gather(1, torch.tensor(response).unsqueeze(1))
-            self.cache[key] = (-float(picked.sum()), len(response))
+            self.cache[key] = (response_nll(self.model, prompt, response), len(response))
         return self.cache[key]
 
     def point(self, label: str, tau: float | None, gens: list[Any], seconds: float) -> Point:
