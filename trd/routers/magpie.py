@@ -26,7 +26,6 @@ MAX_TOKENS = 64
 # The demo's 1.5B writes twice as fast in bfloat16 as in float32 on CPU (a model stored in
 # float32 with no fast bfloat16 kernels here, e.g. SmolLM2, is the other way round).
 DTYPE = "bfloat16"
-KV_TOKENS = 65536
 # The user turn left open: the template renders the starter as the last message's text.
 OPEN_TURN = ChatTemplateArgs(add_generation_prompt=False, continue_final_message=True)
 
@@ -35,14 +34,15 @@ def questions(model_dir: Path, count: int, *, seed: int, dtype: str = DTYPE) -> 
     """Up to `count` distinct questions, in seed order (question i draws from seed
     seed * 1_000_003 + i, so a seed's questions do not depend on `count`)."""
     encoder = PromptEncoder(model_dir)
-    engine = Engine(EngineSpec.of(model_dir, dtype=dtype, kv_tokens=KV_TOKENS))
+    starters = [STARTERS[i % len(STARTERS)] for i in range(count)]
+    prompts = [encoder.chat([{"role": "user", "content": s}], OPEN_TURN) for s in starters]
+    kv = sum(len(p) + MAX_TOKENS for p in prompts)  # room for every question at once
+    engine = Engine(EngineSpec.of(model_dir, dtype=dtype, kv_tokens=kv))
     starts: dict[int, str] = {}
     outputs: dict[int, list[int]] = {}
-    for i in range(count):
-        starter = STARTERS[i % len(STARTERS)]
+    for i, (starter, prompt) in enumerate(zip(starters, prompts, strict=True)):
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, top_k=TOP_K,
                                 seed=seed * 1_000_003 + i)  # fmt: skip
-        prompt = encoder.chat([{"role": "user", "content": starter}], OPEN_TURN)
         rid = engine.add_request(prompt, params)
         starts[rid], outputs[rid] = starter, []
     ended: set[int] = set()
