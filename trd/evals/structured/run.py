@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import re
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ from trd.evals.structured.tasks import KINDS, Task, tasks
 MAX_TOKENS = 200
 PASSES = ("constrained", "unconstrained")
 COUNTERS = ("steps", "busy_seconds", "grammar_mask_seconds")
+SETTLE_S, SETTLE_READS = 0.6, 20
 
 
 def counters(url: str) -> dict[str, float] | None:
@@ -64,6 +66,22 @@ def counters(url: str) -> dict[str, float] | None:
             return None
         out[name] = sum(map(float, found))
     return out
+
+
+def settled(url: str) -> dict[str, float] | None:
+    """The counters once the engines' last reports are in: an engine reports every 0.5 s,
+    so right after a pass the last steps may be missing (read then, a pass's last masks
+    were counted in the next pass). Read until two reads SETTLE_S apart agree."""
+    last = counters(url)
+    for _ in range(SETTLE_READS):
+        if last is None:
+            return None
+        time.sleep(SETTLE_S)
+        now = counters(url)
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 class StructuredClient(Client):
@@ -123,10 +141,10 @@ def measure(args: argparse.Namespace, result: Result) -> bool:
         constrained = name == "constrained"
         if not constrained and lengths is None:
             raise ValueError("--passes: an unconstrained pass follows a constrained one")
-        before = counters(args.base_url)
+        before = settled(args.base_url)
         recs, wall, calls = asyncio.run(one_pass(args, settings, work,
                                                  None if constrained else lengths))  # fmt: skip
-        after = counters(args.base_url)
+        after = settled(args.base_url)
         valid = [t.valid(r.text or None, c) if constrained and r.ok else None
                  for t, r, c in zip(work, recs, calls, strict=True)]  # fmt: skip
         summary = summarize(recs, wall) | mask_times(before, after)
