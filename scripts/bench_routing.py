@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from trd.batching.live import recommend_live
 from trd.bench.stats import percentile
 from trd.engines.spec import BatchingSettings, EngineSpec
+from trd.evals.calibrate import bisect
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.supervisor.generation import Generation
@@ -51,26 +52,21 @@ def make_jobs(tok_dir: Path, count: int, max_tokens: int, prompt_len: int = 64) 
 
 
 def calibrate(paths: list[Path], max_tokens: int, target: float) -> tuple[float, float]:
-    """Bisect the R-Stitch threshold until the large model makes about `target` of the
-    tokens of 8 workload requests (run through the engines at N=8); (tau, fraction)."""
+    """Bisect the R-Stitch threshold (`trd.evals.calibrate.bisect`) until the large model
+    makes about `target` of the tokens of 8 workload requests (run through the engines
+    at N=8); (tau, fraction)."""
     probe = make_jobs(paths[0], 8, max_tokens)
-    lo, hi = 0.5, 1.0  # a higher threshold escalates less
-    best = (1.0, float("inf"), 0.0)  # (tau, distance to target, fraction)
-    for _ in range(CALIBRATION_STEPS):
-        tau = (lo + hi) / 2
+
+    def share_at(tau: float) -> float:
         group = EngineGroup(rstitch_specs(paths, tau))
         group.start()
         try:
             results = run_closed_loop(group, probe, 8)
         finally:
             group.close()
-        frac = summarize(results, 1.0)["large_fraction"]
-        if abs(frac - target) < best[1]:
-            best = (tau, abs(frac - target), frac)
-        if abs(frac - target) <= CALIBRATION_SLACK:
-            break
-        lo, hi = (tau, hi) if frac > target else (lo, tau)
-    return best[0], best[2]
+        return float(summarize(results, 1.0)["large_fraction"])
+
+    return bisect(share_at, target, 0.5, 1.0, CALIBRATION_STEPS, CALIBRATION_SLACK)
 
 
 def summarize(results: list[Generation], wall: float) -> dict[str, Any]:
