@@ -16,8 +16,9 @@ def make(num_pages: int = 16, page_size: int = 4, budget: int = 16, size: int = 
     return Scheduler(PageAllocator(num_pages, page_size), settings, max_model_len=64)
 
 
-def req(rid: int, prompt: int, max_tokens: int = 4) -> Request:
-    return Request(rid, list(range(prompt)), prompt, SamplingParams(max_tokens=max_tokens), rid)
+def req(rid: int, prompt: int, max_tokens: int = 4, priority: int = 0) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, priority=priority)
+    return Request(rid, list(range(prompt)), prompt, params, arrival=rid)
 
 
 def run(sched: Scheduler) -> list[tuple[int, int, bool]]:
@@ -92,3 +93,50 @@ def test_older_request_preempts_the_newest_page_holder() -> None:
     assert run(sched) == [(0, 7, True)]
     assert new.pages == [] and new.kv_len == 0 and new.state is State.WAITING
     sched.check_integrity()
+
+
+def test_priority_orders_the_batch_lower_first_and_ties_by_arrival() -> None:
+    sched = make(size=2, budget=64)
+    for rid, priority in enumerate([1, 0, 2, 0, -3]):
+        sched.add(req(rid, prompt=2, max_tokens=16, priority=priority))
+    assert [rid for rid, _, _ in run(sched)] == [4, 1]
+    sched.finish(sched.requests[4])
+    assert [rid for rid, _, _ in run(sched)] == [1, 3]
+    for rid in (1, 3):
+        sched.finish(sched.requests[rid])
+    assert [rid for rid, _, _ in run(sched)] == [0, 2]
+
+
+def test_a_high_priority_arrival_takes_a_running_request_s_place_and_it_keeps_its_pages() -> None:
+    sched = make(size=1)
+    low = req(0, prompt=4, max_tokens=8, priority=5)
+    sched.add(low)
+    assert run(sched) == [(0, 4, True)]
+    sched.add(req(1, prompt=3, priority=-1))  # a handoff entering a peer's queue: the same
+    assert run(sched) == [(1, 3, True)]
+    assert run(sched) == [(1, 1, True)]  # strict: no aging
+    assert low.state is State.RUNNING and low.kv_len == 4 and len(low.pages) == 1
+    sched.finish(sched.requests[1])
+    assert run(sched) == [(0, 1, True)]  # back, without recomputing
+
+
+def test_page_pressure_preempts_the_lowest_priority_holder_never_a_higher_one() -> None:
+    sched = make(num_pages=4, page_size=4, size=1)
+    low = req(0, prompt=8, max_tokens=4, priority=1)  # older, but lower priority
+    sched.add(low)
+    run(sched)  # low: 2 pages
+    high = req(1, prompt=9, max_tokens=4, priority=0)  # needs 3 pages, 2 free
+    sched.add(high)
+    assert run(sched) == [(1, 9, True)]
+    assert low.pages == [] and low.kv_len == 0 and low.state is State.WAITING
+    assert sched.preemptions == 1
+    sched.check_integrity()
+    # The other way round: a low-priority request waits for pages instead.
+    sched = make(num_pages=4, page_size=4, size=1)
+    high = req(0, prompt=8, max_tokens=4, priority=0)
+    sched.add(high)
+    run(sched)
+    high.state = State.PENDING  # away at a peer, its pages kept
+    sched.add(req(1, prompt=9, max_tokens=4, priority=1))
+    assert run(sched) == []
+    assert len(high.pages) == 2 and sched.preemptions == 0

@@ -1,12 +1,24 @@
 """Continuous batching with a token budget, admission bounded by free KV pages.
 
 Pure Python, no torch. Each step every runnable request asks to feed
-`seq[kv_len:]`; requests are taken oldest first until the token budget or the batch
-size is spent. A long feed is chunked (its computed tokens catch up over several
-steps). Pages are allocated on demand; when they run out, the newest request that
-holds pages and is not in this step's batch is preempted (its pages are freed and it
-will recompute from its committed sequence), so older requests always progress and
-no request's pages are ever touched by another.
+`seq[kv_len:]`; requests are taken in rank order (`rank`: priority, then oldest first)
+until the token budget or the batch size is spent. A long feed is chunked (its
+computed tokens catch up over several steps). Pages are allocated on demand; when they
+run out, the last-ranked request that holds pages and is not in this step's batch is
+preempted (its pages are freed and it will recompute from its committed sequence), so
+higher-ranked requests always progress and no request's pages are ever touched by
+another.
+
+Priority is vLLM's request field with vLLM's meaning (SamplingParams.priority: lower
+first, default 0), always on (vLLM needs `--scheduling-policy priority`; with every
+request at 0 the order is the arrival order, as before). Its rank holds in every
+engine's queue: the entry's, and a peer's that a handoff enters (a request's first
+handoff to an engine is its arrival there; a later one keeps that arrival). As in
+vLLM's priority policy, the order is strict: ties go by arrival, there is no aging (a
+steady stream of high-priority work starves the rest), and the preemption victim is the
+last-ranked page holder. Unlike vLLM, running and waiting requests share one order every
+step, so a high-priority arrival takes a low-priority running request's place in the
+batch at once (that one keeps its pages until they are needed, and waits).
 
 With a prefix cache (`prefix_cache.py`, the allocator then), a request that holds no
 KV here first takes the longest cached prefix of its sequence: whole blocks, at most
@@ -208,6 +220,7 @@ class Scheduler:
                 raise AssertionError(f"request {r.rid}: {r.kv_len} cached tokens, too few pages")
 
 
-def rank(req: Request) -> tuple[bool, float]:
-    """Scheduling order: real requests oldest first, then prefills ahead oldest first."""
-    return req.prefill_only, req.arrival
+def rank(req: Request) -> tuple[bool, int, float]:
+    """Scheduling order: real requests by priority (lower first), then oldest first; then
+    prefills ahead in the same order."""
+    return req.prefill_only, req.params.priority, req.arrival
