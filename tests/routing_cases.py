@@ -104,11 +104,12 @@ def wired(
     paths: list[Path],
     policy: str,
     params: dict[str, Any],
-    seed: int,
+    seed: int | None,
     max_model_len: int = 0,
     **settings: Any,
 ) -> Wiring:
-    """Engines of `specs` wired in one process, interleavings and duplicates by `seed`."""
+    """Engines of `specs` wired in one process, interleavings and duplicates by `seed`
+    (None: each engine in turn, nothing duplicated)."""
     base = {"kv_tokens": 8192, "max_batch_tokens": 256, "max_model_len": max_model_len}
     return Wiring(specs(paths, policy, params, **{**base, **settings}), seed)
 

@@ -13,11 +13,13 @@ import torch
 from torch import nn
 
 from trd.config import ConfigError, from_dict
+from trd.engines.request import Request
 from trd.policies.base import PolicyContext, StepView, host_routes
 from trd.policies.factory import make_policy
 from trd.policies.heads import save_head
 from trd.policies.pair import PairIdentity
 from trd.policies.params import PolicyError, PolicySpec
+from trd.protocol import SamplingParams
 from trd.supervisor.group import EngineGroup, EngineStartError
 from trd.testing.wiring import assert_matches
 
@@ -51,7 +53,8 @@ def test_published_router_scores_equal_their_module(
     # No threshold in the config: the file's (route to the large model at sigmoid >= it).
     tau = float(want.median())
     policy = r2r_policy(path, build(path, dims, normalize, threshold=tau).double())
-    routes = host_routes(policy.route([None] * 9, StepView(logits, hidden, tokens)))
+    reqs = [Request(i, [1], 1, SamplingParams(), 0.0) for i in range(9)]
+    routes = host_routes(policy.route(reqs, StepView(logits, hidden, tokens)))
     assert [(r.dst, r.commit) for r in routes] == [(1, False) if w >= tau else (0, True)
                                                    for w in want.tolist()]  # fmt: skip
     assert sum(r.dst for r in routes) == 5

@@ -103,6 +103,22 @@ def test_the_loop_converges_and_holds_on_a_noisy_plant(
     assert ctl.moves < 30  # near the target, sampling noise alone seldom moves it
 
 
+def test_requests_with_their_own_routing_are_left_out_of_the_measurement() -> None:
+    """The daemon-routed tokens on the target, requests with their own routing (pinned to
+    the large model, say) beside them: the threshold stays. Counted in, they would
+    have the share at 65% and the loop lowering every other request's share."""
+    ctl = ShareControl(TARGET, THRESHOLDS["rstitch"])
+
+    def stats(t: int) -> list[dict[str, Any]]:
+        small = {"tokens_committed": 700 * t, "policy_threshold": 0.5}
+        large = {"tokens_committed": 1300 * t, "tokens_committed_own": 1000 * t,
+                 "handoffs_in": 60 * t, "handoffs_in_own": 10 * t}  # fmt: skip
+        return [small, large]
+
+    assert [ctl.observe(float(t), stats(t)) for t in range(1, 40)] == [None] * 39
+    assert ctl.view()["measured"] == pytest.approx(TARGET)
+
+
 def test_target_share_is_checked_with_the_policy() -> None:
     parse_policy("rstitch", {"threshold": 0.8, "target_large_share": 0.2}, num_models=2)
     with pytest.raises(PolicyError, match=r"policy.target_large_share: 1.2: expected a number"):

@@ -8,9 +8,11 @@ already holds are checked against it, never appended twice.
 
 A message whose handling raises fails its own request and nothing else.
 
-A Submit reaches an engine other than the entry only with `prefill_ahead` on
-(trd/supervisor/group.py): the prompt is prefilled here at once, at the lowest rank, so a
-handoff that comes later finds it cached (`Request.prefill_only`, trd/engines/scheduler.py).
+A request pinned to one model (`routing.model`) is submitted to that model, which serves
+it as the entry would. Otherwise a Submit reaches an engine other than the entry only with
+`prefill_ahead` on (trd/supervisor/group.py): the prompt is prefilled here at once, at the
+lowest rank, so a handoff that comes later finds it cached (`Request.prefill_only`,
+trd/engines/scheduler.py).
 Nothing about it reaches the client: if it cannot run, it is not run. The Submit and
 the request's first handoff come by different links, so the request may be here or
 finished first: then the Submit is late and changes nothing (`prefills_late`).
@@ -64,7 +66,7 @@ class Inbox:
         if msg.rid in self.out.finished or msg.rid in self.requests:
             self.stats.prefills_late += self.out.index != 0
             return
-        if self.out.index != 0:
+        if self.out.index != msg.params.routing.model and self.out.index != 0:
             self._prefill_ahead(msg)
             return
         try:
@@ -125,13 +127,14 @@ class Inbox:
             req.seq.extend(msg.tokens[have - msg.loc :].tolist())
             req.state = State.RUNNING if req.pages else State.WAITING
         req.handoff_seq = msg.handoff_seq
+        req.large_tokens, req.share_tau = msg.large, msg.tau
         req.anchors = msg.anchors.tolist()
         req.anchors[self.out.index] = len(req.seq)
         req.runnable_since = now
         # Handoff latency excludes time the message waited for this engine's step.
         latency = now - max(msg.sent_at, self.step_end)
         req.handoff_latencies.append(latency)
-        self.stats.record_handoff(latency)
+        self.stats.record_handoff(latency, req.params.routing.own)
         self.policy.receive(req, msg.extra)
         self._sync_grammar(req)
 

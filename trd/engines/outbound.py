@@ -58,7 +58,7 @@ class Outbound:
         msg = PeerReq(
             req.rid, req.handoff_seq, PeerKind.HANDOFF, loc, _i32(req.seq[loc:]), req.prompt_len,
             req.params if loc == 0 else None, extra, time.perf_counter(),
-            np.asarray(req.anchors, dtype=np.uint32),
+            np.asarray(req.anchors, dtype=np.uint32), req.large_tokens, req.share_tau,
         )  # fmt: skip
         req.anchors[dst] = len(req.seq)
         self.send(dst, msg)

@@ -8,6 +8,7 @@ truth. This engine has materialised `kv_len` of them in its KV pages; a forward 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,12 @@ class Request:
     forwards: int = 0
     handoff_latencies: list[float] = field(default_factory=list)
     policy_state: Any = None  # whatever the routing policy keeps per request
+    # The request's own routing (trd/policies/budget.py): output tokens the last model
+    # wrote and the threshold the entry model set for a large_share (both travel with each
+    # handoff), and the entry model's sorted scores so far (kept there).
+    large_tokens: int = 0
+    share_tau: float = math.nan
+    scores: list[float] = field(default_factory=list)
     grammar: Any = None  # the request's grammar matcher here (trd.engines.constrain)
 
     @property

@@ -31,7 +31,7 @@ from trd.engines.step import StepResult, TokenLogprobs
 from trd.engines.threads import ThreadShare
 from trd.ipc.counters import Counters
 from trd.ipc.names import FRONTEND
-from trd.policies.base import Route, RouteBatch, RoutingPolicy, host_routes
+from trd.policies.base import Route, RouteBatch, RoutingPolicy, host_routes, pinned
 from trd.protocol import Emit, FinishReason
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class RoutingEngine:
     ) -> None:
         spec: EngineSpec = engine.spec
         self.engine, self.policy, self.index = engine, policy, spec.index
+        self.last = spec.num_models - 1
         self.stats = EngineStats()
         self.out = Outbound(spec.index, send)
         self.inbox = Inbox(engine, policy, self.out, self.stats)
@@ -115,14 +116,16 @@ class RoutingEngine:
         """The policy's routes for every row; if it raises, per request (None = failed)."""
         reqs, view = result.rows, result.view()
         try:
-            routes = self.policy.route(reqs, view)
+            routes = pinned(reqs, self.policy.route(reqs, view), self.index)
             return routes if isinstance(routes, RouteBatch) else list(routes)
         except Exception:
             log.exception("policy %s failed on a batch of %d", self.policy.name, len(reqs))
         routes_: list[Route | None] = []
         for i, req in enumerate(reqs):
             try:
-                routes_.append(host_routes(self.policy.route([req], view.row(i)))[0])
+                routes_.append(
+                    host_routes(pinned([req], self.policy.route([req], view.row(i)), self.index))[0]
+                )
             except Exception as exc:
                 self._fail(req, f"routing policy failed: {type(exc).__name__}: {exc}")
                 routes_.append(None)
@@ -138,9 +141,10 @@ class RoutingEngine:
         finished: list[Request],
     ) -> None:
         req.forwards += 1
-        self.stats.record_route(route.dst, int(route.commit))
+        self.stats.record_route(route.dst, int(route.commit), req.params.routing.own)
         if route.commit:
             pos = req.num_output
+            req.large_tokens += self.index == self.last
             reason = self.engine.commit(req, [token])
             emits.append(self.out.emit(req, pos, token, reason, lp))
             if reason is not FinishReason.NONE:

@@ -11,7 +11,10 @@ ahead of their requests (`prefills_ahead`, engine.prefill_ahead), those of them 
 became their request, its handoff arriving while they ran (`prefills_adopted`), and the
 prompts that came too late to prefill ahead, their request already here or finished
 (`prefills_late`: the Submit and the first handoff travel by different links).
-`handoff_s` holds the latest handoff latencies; `handoffs_in` counts them all.
+`handoff_s` holds the latest handoff latencies; `handoffs_in` counts them all. Of the
+committed tokens and arrivals, `tokens_committed_own` and `handoffs_in_own` count those
+of requests with their own routing (`routing` in the request), which the daemon's share
+control leaves out (trd/supervisor/share.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class EngineStats:
     tokens_fed: int = 0
     handoffs_out: int = 0
     handoffs_in: int = 0
+    tokens_committed_own: int = 0
+    handoffs_in_own: int = 0
     rows: int = 0
     busy_s: float = 0.0
     dropped: int = 0
@@ -51,13 +56,16 @@ class EngineStats:
         self.latency.append((batch_size, seconds))
         self.fed.append(fed)
 
-    def record_route(self, dst: int, committed: int) -> None:
+    def record_route(self, dst: int, committed: int, own: bool = False) -> None:
+        """A row's route; `own`: its request has its own routing."""
         self.tokens_committed += committed
+        self.tokens_committed_own += committed if own else 0
         self.dropped += committed == 0
         self.routes.append((dst, committed))
 
-    def record_handoff(self, seconds: float) -> None:
+    def record_handoff(self, seconds: float, own: bool = False) -> None:
         self.handoffs_in += 1
+        self.handoffs_in_own += own
         self.handoff_s.append(seconds)
 
     def snapshot(self) -> dict[str, Any]:
@@ -68,6 +76,8 @@ class EngineStats:
             "tokens_fed": self.tokens_fed,
             "handoffs_out": self.handoffs_out,
             "handoffs_in": self.handoffs_in,
+            "tokens_committed_own": self.tokens_committed_own,
+            "handoffs_in_own": self.handoffs_in_own,
             "rows": self.rows,
             "busy_s": self.busy_s,
             "dropped": self.dropped,

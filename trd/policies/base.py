@@ -18,7 +18,10 @@ a router's features) writes it in `send` (bytes riding on the handoff) and reads
 `receive` (called once per handoff the engine accepted); both default to nothing.
 
 A policy with a threshold reports it (`threshold`) and takes a new one live
-(`set_threshold`): the daemon's share control (`target_large_share`) steers it.
+(`set_threshold`): the daemon's share control (`target_large_share`) steers it. A request
+may bring its own (`routing.threshold`, or `routing.large_share`, held within the request
+by trd/policies/budget.py): `ThresholdPolicy.taus` gives each row its threshold.
+A request with `routing.model` is routed by none of this: `pinned` keeps it on its model.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from typing import Any, Protocol
 
 import torch
 
+from trd.policies.budget import may_stay, remember, share_tau
+from trd.policies.params import THRESHOLDS
+from trd.protocol import SamplingParams
+
 
 class RequestView(Protocol):
     """What a policy may read and keep of a request."""
@@ -39,7 +46,11 @@ class RequestView(Protocol):
     rid: int
     seq: list[int]  # prompt + committed output
     prompt_len: int
+    params: SamplingParams  # its routing: params.routing
     policy_state: Any
+    large_tokens: int  # output tokens the last model wrote
+    share_tau: float  # the entry model's threshold for a large_share (trd/policies/budget.py)
+    scores: list[float]  # the entry model's oriented scores so far, sorted (large_share)
 
     @property
     def num_output(self) -> int: ...
@@ -128,8 +139,29 @@ class RoutingPolicy(ABC):
         raise ValueError(f"policy {self.name!r} has no threshold")
 
 
+def pinned(reqs: Sequence[RequestView], routes: Routes, model: int) -> Routes:
+    """`routes` (decided on `model`) with each request pinned to a model (`routing.model`)
+    sent there: kept, its candidate committed, on its own model (where it is submitted and
+    stays); handed over, the candidate dropped, from any other."""
+    pins = [r.params.routing.model for r in reqs]
+    if all(pin is None for pin in pins):
+        return routes
+    if not isinstance(routes, RouteBatch):
+        return [
+            route if pin is None else Route(pin, pin == model)
+            for pin, route in zip(pins, routes, strict=True)
+        ]
+    dev = routes.dst.device
+    mask = torch.tensor([pin is not None for pin in pins], device=dev)
+    dst = torch.tensor([model if pin is None else pin for pin in pins], device=dev)
+    return RouteBatch(
+        torch.where(mask, dst, routes.dst), torch.where(mask, dst == model, routes.commit)
+    )
+
+
 class ThresholdPolicy(RoutingPolicy):
-    """A policy that decides by comparing a score with one threshold, `tau`."""
+    """A policy that decides by comparing a score with one threshold, `tau`, or with the
+    request's own (`taus`)."""
 
     tau: float
 
@@ -139,6 +171,56 @@ class ThresholdPolicy(RoutingPolicy):
 
     def set_threshold(self, tau: float) -> None:
         self.tau = tau
+
+    def taus(self, reqs: Sequence[RequestView], score: torch.Tensor) -> torch.Tensor | float:
+        """Each row's threshold, in the score's dtype (so a request's own threshold compares
+        as the policy's would): the request's, else the policy's; the policy's as a number
+        while no row has its own (the common case: nothing to copy to the device)."""
+        own = [self._own(r) for r in reqs]
+        if all(t is None for t in own):
+            return self.tau
+        values = [self.tau if t is None else t for t in own]
+        return torch.tensor(values, dtype=score.dtype, device=score.device)
+
+    def _own(self, req: RequestView) -> float | None:
+        routing = req.params.routing
+        if routing.large_share is None:
+            return routing.threshold
+        if self.ctx.model == 0:  # the entry model sets it; the others read what travelled
+            tau = share_tau(req.scores, routing.large_share, req.num_output, req.large_tokens)
+            req.share_tau = -tau if THRESHOLDS[self.name].raises_share else tau
+        return req.share_tau
+
+    def record(
+        self,
+        reqs: Sequence[RequestView],
+        score: torch.Tensor,
+        decided: Sequence[bool] | None = None,
+    ) -> None:
+        """On the entry model, after its decisions (`decided` rows: all by default): each
+        request holding a large_share keeps its score (one copy to the host, of its rows)."""
+        if self.ctx.model != 0:
+            return
+        rows = [
+            i
+            for i, r in enumerate(reqs)
+            if r.params.routing.large_share is not None and (decided is None or decided[i])
+        ]
+        if not rows:
+            return
+        sign = -1.0 if THRESHOLDS[self.name].raises_share else 1.0  # higher: less certain
+        for i, value in zip(rows, score[rows].tolist(), strict=True):
+            remember(reqs[i].scores, sign * value)
+
+    def may_stay(self, reqs: Sequence[RequestView], like: torch.Tensor) -> torch.Tensor | None:
+        """Rows whose request may have the last model write its next token too (False only
+        for a large_share the next large token would exceed); None when all may."""
+        ok = [
+            r.params.routing.large_share is None
+            or may_stay(r.params.routing.large_share, r.num_output, r.large_tokens)
+            for r in reqs
+        ]
+        return None if all(ok) else torch.tensor(ok, device=like.device)
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -95,21 +95,23 @@ class GatedPolicy(ThresholdPolicy):
             self.head = self.head.to(x.dtype, x.device)
         return self.head
 
-    def escalate(self, score: torch.Tensor) -> torch.Tensor:
+    def escalate(self, score: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
         raise NotImplementedError
 
     def route(self, reqs: Sequence[RequestView], step: StepView) -> Routes:
         if self.ctx.model != 0:
             return [Route(0, True) for _ in reqs]  # the large model makes one token, returns
-        up = self.escalate(self.scores(step))
+        score = self.scores(step)
+        up = self.escalate(score, self.taus(reqs, score))
+        self.record(reqs, score)
         return RouteBatch(torch.where(up, self.ctx.last, 0), ~up)
 
 
 class CiterPolicy(GatedPolicy):
     name = "citer"
 
-    def escalate(self, score: torch.Tensor) -> torch.Tensor:
-        return score < self.tau
+    def escalate(self, score: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+        return score < tau
 
 
 class R2RPolicy(GatedPolicy):
@@ -141,12 +143,12 @@ class R2RPolicy(GatedPolicy):
         x = torch.cat([h, emb, top.to(h.dtype)], dim=-1)
         return self.placed(x)(x)
 
-    def escalate(self, score: torch.Tensor) -> torch.Tensor:
-        return score >= self.tau
+    def escalate(self, score: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+        return score >= tau
 
 
 class CoLLMPolicy(GatedPolicy):
     name = "collm"
 
-    def escalate(self, score: torch.Tensor) -> torch.Tensor:
-        return score > self.tau
+    def escalate(self, score: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+        return score > tau

@@ -110,7 +110,9 @@ class GlimpPolicy(ThresholdPolicy):
         last = self.ctx.last
         think = torch.isin(tokens, think_ids)
         if self.ctx.model == 0:
-            up = (probe & (top_entropy(step.logits) >= self.tau)) | answer
+            h = top_entropy(step.logits)
+            up = (probe & (h >= self.taus(reqs, h))) | answer
+            self.record(reqs, h, [s.step_start == s.seen and not s.answer for s in states])
             return RouteBatch(torch.where(up | think, last, 0), ~up)
         ends = (table.advance(tail, tokens) == 2) | (length >= self.step_tokens)
         stay = answer | think | ~ends

@@ -73,6 +73,13 @@ def prefill_ahead(specs: Sequence[EngineSpec | RemoteSpec]) -> list[int]:
     return [s.index for s in specs if s.index != 0 and s.settings.prefill_ahead]
 
 
+def submit_to(params: SamplingParams, ahead: Sequence[int]) -> list[int]:
+    """The engines a new request's Submit goes to: the entry and those that prefill ahead,
+    or the one model a request pinned to it (`routing.model`) never leaves."""
+    pin = params.routing.model
+    return [0, *ahead] if pin is None else [pin]
+
+
 class EngineGroup:
     def __init__(
         self, specs: Sequence[EngineSpec | RemoteSpec], ring_capacity: int = 4 << 20
@@ -174,8 +181,7 @@ class EngineGroup:
         gen = Generation(self._rid_base | self._rid, len(prompt))
         self.gens[gen.rid] = gen
         submit = Submit(gen.rid, np.asarray(prompt, dtype=np.int32), params)
-        self._send(0, submit)
-        for j in self.ahead:  # the prompt's KV there too, now (inbox.py)
+        for j in submit_to(params, self.ahead):  # prefill ahead: the prompt's KV there too
             self._send(j, submit)
         return gen
 

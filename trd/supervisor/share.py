@@ -1,7 +1,9 @@
 """Holding the large model's share of committed tokens at a target by moving a threshold.
 
 With `policy: {..., target_large_share: s}` the daemon reads, every TICK_S, the engines'
-counters of committed tokens (their Stats). A measurement window starts once each move
+counters of committed tokens (their Stats), less those of requests with their own routing
+(`routing` in the request: a threshold, share or model of its own, which the daemon's
+threshold does not decide). A measurement window starts once each move
 is in force (below); the large (last) model's share of the n tokens committed since is
 the measured share, once n >= MIN_TOKENS:
 
@@ -82,9 +84,9 @@ class ShareControl:
             if reported is None:
                 return None
             self.tau = float(reported)
-        large = int(stats[-1]["tokens_committed"])
-        visits = int(stats[-1]["handoffs_in"])
-        total = sum(int(s["tokens_committed"]) for s in stats)
+        large = routed(stats[-1], "tokens_committed")
+        visits = routed(stats[-1], "handoffs_in")
+        total = sum(routed(s, "tokens_committed") for s in stats)
         self._remember(now, large, total)
         now_counts = (large, total, visits)
         if self.base is None and (reported is None or float(reported) != self.tau):
@@ -134,6 +136,11 @@ class ShareControl:
             measured = (l1 - l0) / (t1 - t0) if t1 > t0 else None
         return {"target": self.target, "measured": measured, "threshold": self.tau,
                 "moves": self.moves, "window_s": STATUS_WINDOW_S}  # fmt: skip
+
+
+def routed(stats: dict[str, Any], key: str) -> int:
+    """An engine's counter `key`, less its part for requests with their own routing."""
+    return int(stats[key]) - int(stats.get(f"{key}_own", 0))
 
 
 def window_noise(target: float, done: int, in_large: int, visits: int) -> float:

@@ -2,7 +2,9 @@
 
 It runs the same policy semantics as the daemon (the policy's decision function on the
 same logits and hidden state, the vocabulary cut, the early-stop ban, the policies'
-send/receive hand-off) but none of the runtime: no paging, no anchors, no pending KV, no
+send/receive hand-off, a request's own routing: its model, threshold or share, whose
+state the engines pass along with each handoff and this loop keeps on its one request)
+but none of the runtime: no paging, no anchors, no pending KV, no
 rings. The oracle (tests, float64): each position recomputes the whole sequence from
 scratch on the current model. The research-code baseline (benchmarks, the GPU check;
 `kv_cache=True`): what the R2R and CITER repositories do, a `DynamicCache` per request
@@ -25,7 +27,7 @@ from trd.engines.constrain import Constraints
 from trd.engines.request import Request
 from trd.engines.sampler import ban_early_stops, sample
 from trd.models.checkpoint import read_checkpoint
-from trd.policies.base import PolicyContext, RoutingPolicy, StepView, host_routes
+from trd.policies.base import PolicyContext, RoutingPolicy, StepView, host_routes, pinned
 from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import FinishReason, SamplingParams
@@ -73,7 +75,8 @@ class ReferenceRouter:
     @torch.inference_mode()
     def run(self, prompt: Sequence[int], params: SamplingParams) -> Trace:
         start = time.perf_counter()
-        seq, trace, cur = list(prompt), Trace(), 0
+        seq, trace, cur = list(prompt), Trace(), params.routing.model or 0
+        last = len(self.models) - 1
         caches = [DynamicCache() if self.kv_cache else None for _ in self.models]
         req = Request(0, seq, len(prompt), params, arrival=0.0)
         while True:
@@ -92,8 +95,9 @@ class ReferenceRouter:
             trace.forwards += 1
             trace.fed[cur] = len(seq)
             view = StepView(logits, hidden, torch.tensor([token], device=self.device))
-            route = host_routes(self.policies[cur].route([req], view))[0]
+            route = host_routes(pinned([req], self.policies[cur].route([req], view), cur))[0]
             if route.commit:
+                req.large_tokens += cur == last
                 seq.append(token)
                 trace.tokens.append(token)
                 trace.models.append(cur)

@@ -27,7 +27,7 @@ from trd.ipc.names import FRONTEND
 from trd.policies.params import PolicySpec
 from trd.protocol import Done, Emit, Message, PeerReq, SamplingParams, Submit, decode, encode
 from trd.supervisor.generation import Generation
-from trd.supervisor.group import prefill_ahead
+from trd.supervisor.group import prefill_ahead, submit_to
 from trd.testing.reference import Trace
 
 Job = tuple[list[int], SamplingParams]
@@ -66,7 +66,7 @@ class Wiring:
 
     def submit(self, rid: int, prompt: list[int], params: SamplingParams) -> None:
         self.tracked[rid] = Generation(rid, len(prompt))
-        for node in [0, *self.ahead]:  # as the engine group sends it
+        for node in submit_to(params, self.ahead):  # as the engine group sends it
             self.inbox[node].append(Submit(rid, np.asarray(prompt, np.int32), params))
 
     def tick(self) -> None:
