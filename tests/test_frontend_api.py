@@ -247,6 +247,7 @@ def test_usage_counts_tokens_per_model_and_switches() -> None:
         "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
         "tokens_per_model": {"small": 3, "large": 2},
         "model_switches": 2,
+        "large_share": 0.4,
     }
     # n choices: the prompt counts once; tokens and switches add up over the choices
     usage = Usage.of(5, [[0, 1], [1, 1, 1], []], ["small", "large"])
@@ -254,7 +255,23 @@ def test_usage_counts_tokens_per_model_and_switches() -> None:
         "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
         "tokens_per_model": {"small": 1, "large": 4},
         "model_switches": 1,
+        "large_share": 0.8,
     }
+    assert Usage.of(5, [[]], ["small", "large"]).large_share is None  # no output
+
+
+def test_each_choice_says_who_wrote_it() -> None:
+    """Beside the body's totals, each choice's own counts (in a stream: its last chunk)."""
+    names = ["small", "large"]
+    first, second = Usage.of(5, [[0, 1, 1, 1]], names), Usage.of(5, [[0, 0]], names)
+    own = {"tokens_per_model": {"small": 1, "large": 3}, "model_switches": 1, "large_share": 0.75}
+    for chat in (True, False):
+        shaper = Shaper(chat, "x-1", MODEL)
+        choice = shaper.choice(0, "hi", "stop", counts=first)
+        assert {k: choice[k] for k in own} == own
+        assert shaper.choice(1, "yo", "stop", counts=second)["large_share"] == 0.0
+        assert shaper.chunk(0, "", "stop", counts=first)["choices"][0]["model_switches"] == 1
+        assert "large_share" not in shaper.chunk(0, "x")["choices"][0]
 
 
 def test_chat_and_completion_shapes() -> None:

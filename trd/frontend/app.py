@@ -270,8 +270,10 @@ class OpenAIApi:
                 logprobs = c.shaped_logprobs(begin, end)
                 content, calls = req.tools.calls(text) if req.tools else (text, [])
                 finish = finish_reason(req.tools, calls, c.finish_reason) if req.tools else None
-                bodies.append(shaper.choice(c.index, content, finish or c.finish_reason,
-                                            produced, logprobs, calls))  # fmt: skip
+                finish = finish or c.finish_reason
+                counts = c.counts(names)
+                bodies.append(shaper.choice(c.index, content, finish, produced, logprobs, calls,
+                                            counts))  # fmt: skip
             outcome.finish = ",".join(sorted({c.finish_reason for c in choices}))
             return web.json_response(shaper.final(bodies, self.usage(choices)))
         return web.Response(status=499)  # the client left (`serving`)
@@ -295,9 +297,11 @@ class OpenAIApi:
             if delta is None:  # a chat choice's opening: no tokens yet
                 return shaper.chunk(c.index, delta, finish, usage)
             begin, end = c.span()
-            produced = c.produced(self.served.names, begin, end) if req.return_token_ids else None
+            names = self.served.names
+            produced = c.produced(names, begin, end) if req.return_token_ids else None
             logprobs = c.shaped_logprobs(begin, end)
-            return shaper.chunk(c.index, delta, finish, usage, produced, logprobs)
+            counts = c.counts(names) if finish is not None else None
+            return shaper.chunk(c.index, delta, finish, usage, produced, logprobs, counts)
 
         if req.chat:
             for c in choices:
@@ -331,7 +335,9 @@ class OpenAIApi:
         ttfts = [g.ttft for g in gens if g.ttft is not None]
         ttft = min(ttfts) if ttfts else None
         start = gens[0].start
-        self.metrics.observe(endpoint, outcome.status, usage, ttft, now - start)
+        shares = [c.counts(self.served.names).large_share for c in choices]
+        self.metrics.observe(endpoint, outcome.status, usage, ttft, now - start,
+                             [s for s in shares if s is not None])  # fmt: skip
         per_model = ",".join(f"{k}:{v}" for k, v in usage.tokens_per_model.items())
         error = next((g.error for g in gens if g.error), "-")
         log.info("request %s", kv(

@@ -14,7 +14,7 @@ from typing import Any
 
 from trd.frontend.logprobs import LogprobShaper
 from trd.frontend.openai_api import ApiError
-from trd.frontend.responses import Produced
+from trd.frontend.responses import Produced, Usage
 from trd.frontend.stream import TextStream
 from trd.protocol import PARAMS_LAYOUT, FinishReason, SamplingParams, int_range
 from trd.supervisor.generation import Generation
@@ -47,6 +47,10 @@ class Choice:
     def served_models(self) -> list[int]:
         """Producing model per token served: a stop string ends the output early."""
         return self.gen.models[: self.text.read]
+
+    def counts(self, names: list[str]) -> Usage:
+        """This choice's usage: its tokens served, and who wrote them."""
+        return Usage.of(self.gen.prompt_len, [self.served_models], names)
 
     def span(self) -> tuple[int, int]:
         """The output tokens served since the last call: [the last span's end, now)."""

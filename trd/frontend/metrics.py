@@ -24,6 +24,8 @@ from trd.supervisor.generation import Generation
 # TTFT on the CPU demo is tens of ms; on a loaded GPU host seconds.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# A request's large share: none at all is common (the small model was sure throughout)
+_SHARE_BUCKETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 EngineStats = Callable[[], dict[str, dict[str, Any]]]  # engine name -> latest Stats body
 
@@ -106,6 +108,12 @@ class Metrics:
             "trd_e2e_request_latency_seconds", "Request latency, arrival to last token",
             registry=r, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
+        self.large_share = Histogram(
+            "trd_request_large_share",
+            "Per finished choice with output: the share of its tokens the last (largest) "
+            "model wrote (routing.large_share holds it per request)",
+            registry=r, buckets=_SHARE_BUCKETS,
+        )  # fmt: skip
         Gauge("trd_active_requests", "Requests in flight", registry=r).set_function(
             lambda: float(len(requests()))
         )
@@ -113,8 +121,15 @@ class Metrics:
         r.register(VllmCollector(model_name, requests, engine_stats, engines))
 
     def observe(
-        self, endpoint: str, status: int, usage: Usage, ttft: float | None, e2e: float
+        self,
+        endpoint: str,
+        status: int,
+        usage: Usage,
+        ttft: float | None,
+        e2e: float,
+        large_shares: Sequence[float] = (),
     ) -> None:
+        """A finished request: its usage, latencies and each choice's large share."""
         self.requests.labels(endpoint, str(status)).inc()
         self.prompt_tokens.inc(usage.prompt_tokens)
         for model, n in usage.tokens_per_model.items():
@@ -125,6 +140,8 @@ class Metrics:
             if usage.completion_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (usage.completion_tokens - 1))
         self.e2e.observe(e2e)
+        for share in large_shares:
+            self.large_share.observe(share)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,6 +3,10 @@
 Every final body and the usage chunk carry, next to OpenAI's `usage`:
     "tokens_per_model": {"small": 40, "large": 9}   output tokens by producing model
     "model_switches": 7                             changes of producer between tokens
+    "large_share": 0.1837                           the last (largest) model's share of
+                                                    the output tokens (null: no output)
+and so does every choice, for its own tokens (in a stream: the chunk that ends it), as
+a request's own routing (`routing.large_share`) is held per choice.
 
 Asked with `"return_token_ids": true` (vLLM's field), each choice also carries the
 output token ids and, our addition, the model that produced each one:
@@ -37,14 +41,25 @@ class Usage:
         per_model = {name: counts.get(i, 0) for i, name in enumerate(names)}
         return cls(prompt_len, sum(map(len, choices)), per_model, switches)
 
+    @property
+    def large_share(self) -> float | None:
+        """The last model's share of the output tokens; None without output."""
+        if not self.completion_tokens:
+            return None
+        return list(self.tokens_per_model.values())[-1] / self.completion_tokens
+
+    def routing(self) -> dict[str, Any]:
+        """Who wrote the output: what a choice carries, and a body beside its usage."""
+        return {
+            "tokens_per_model": self.tokens_per_model,
+            "model_switches": self.model_switches,
+            "large_share": self.large_share,
+        }
+
     def fields(self) -> dict[str, Any]:
         total = self.prompt_tokens + self.completion_tokens
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
-        return {
-            "usage": {**usage, "total_tokens": total},
-            "tokens_per_model": self.tokens_per_model,
-            "model_switches": self.model_switches,
-        }
+        return {"usage": {**usage, "total_tokens": total}, **self.routing()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +94,11 @@ class Shaper:
         produced: Produced | None = None,
         logprobs: dict[str, Any] | None = None,
         tool_calls: list[dict[str, Any]] | None = None,
+        counts: Usage | None = None,
     ) -> dict[str, Any]:
-        """One choice of a final body; a chat message with `tool_calls` has them (and None
-        for content when the text was only calls)."""
+        """One choice of a final body (`counts`: its own tokens, for who wrote them); a chat
+        message with `tool_calls` has them (and None for content when the text was only
+        calls)."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -90,6 +107,8 @@ class Shaper:
             choice["text"] = text
         if produced is not None:
             choice.update(produced.fields())
+        if counts is not None:
+            choice.update(counts.routing())
         return choice
 
     def final(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
@@ -103,12 +122,14 @@ class Shaper:
         usage: Usage | None = None,
         produced: Produced | None = None,
         logprobs: dict[str, Any] | None = None,
+        counts: Usage | None = None,
     ) -> dict[str, Any]:
         """A text delta of choice `index`; `None` text opens a chat stream's choice (the
         assistant role, no content).
 
         With `usage` (vLLM's continuous_usage_stats) the chunk carries the counts so far;
-        with `produced` and `logprobs`, the tokens this delta was decoded from."""
+        with `produced` and `logprobs`, the tokens this delta was decoded from; with
+        `counts` (the chunk that ends the choice), who wrote the choice's tokens."""
         choice = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if self.chat:
             choice["delta"] = (
@@ -120,8 +141,10 @@ class Shaper:
             choice["text"] = text or ""
         if produced is not None:
             choice.update(produced.fields())
-        counts = {} if usage is None else usage.fields()
-        return {**self._head(chunk=True), "choices": [choice], **counts}
+        if counts is not None:
+            choice.update(counts.routing())
+        so_far = {} if usage is None else usage.fields()
+        return {**self._head(chunk=True), "choices": [choice], **so_far}
 
     def tool_calls_chunk(self, index: int, deltas: list[dict[str, Any]]) -> dict[str, Any]:
         """Tool-call deltas of a chat choice, each with its call's `index` (OpenAI's
