@@ -4,7 +4,8 @@
      "output": [message and function_call items], "usage": {"input_tokens": ..,
      "output_tokens": .., "total_tokens": .., ..}, the request's settings echoed
      (instructions, model, tools, tool_choice, text, temperature, top_p, ...),
-     "tokens_per_model": {"small": 40, "large": 9}, "model_switches": 7}
+     "tokens_per_model": {"small": 40, "large": 9}, "model_switches": 7,
+     "large_share": 0.1837}
 
 As on chat, the response carries next to `usage` the per-model counts (and whatever else
 chat's usage reports). Status "incomplete" with incomplete_details
@@ -33,7 +34,7 @@ def _usage(usage: Usage) -> dict[str, Any]:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": counts["total_tokens"],
         },
-        **fields,  # tokens_per_model, model_switches
+        **fields,  # tokens_per_model, model_switches, large_share
     }
 
 
