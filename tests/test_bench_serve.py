@@ -157,6 +157,19 @@ def test_a_conversation_resends_everything_with_the_servers_answers(tmp_path: Pa
     ]
 
 
+def test_extra_body_fields_reach_every_request_and_the_result(tmp_path: Path) -> None:
+    """`--extra-body`: a server's own fields (tokenrouterd's routing and priority) merged
+    into each body last, and kept in the result's settings."""
+    app = stand_in_app()
+    extra = {"routing": {"large_share": 0.2}, "priority": 1, "max_tokens": 3}
+    for url in serve_in_thread(app):
+        code, result = run_serve(tmp_path, url, "--extra-body", json.dumps(extra))
+        assert code == 0
+    assert len(app[BODIES]) == 4
+    assert all({k: b[k] for k in extra} == extra for b in app[BODIES])  # over --max-tokens 8
+    assert result["runs"][0]["settings"]["extra_body"] == extra
+
+
 def test_percentile_interpolates_linearly_between_ranks() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5  # rank 1.5
     assert percentile([4, 1, 3, 2], 0) == 1 and percentile([4, 1, 3, 2], 100) == 4
@@ -202,7 +215,9 @@ def test_datasets_come_in_the_seeds_order_and_refuse_what_they_lack(tmp_path: Pa
 def test_bad_options_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     for args, msg in ((["--max-concurrency", "0"], "--max-concurrency: must be at least 1, got 0"),
                       (["--request-rate", "0"], "--request-rate: must be above 0, got 0.0"),
-                      (["--dataset", "nope"], "--dataset: 'nope' is not one of")):  # fmt: skip
+                      (["--dataset", "nope"], "--dataset: 'nope' is not one of"),
+                      (["--extra-body", "[1]"], "--extra-body: expected a JSON object"),
+                      (["--extra-body", "{"], "--extra-body: not JSON")):  # fmt: skip
         with pytest.raises(SystemExit) as exc:
             main(["--base-url", "http://127.0.0.1:9", *args])
         assert exc.value.code == 2 and msg in capsys.readouterr().err

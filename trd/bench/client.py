@@ -15,6 +15,8 @@ that produced it (`token_models`), and its usage `tokens_per_model`: the record 
 the producers, the handoffs and an identity digest of (ids, producers). A server that
 returns none of it leaves those fields None, never an error; a server whose ids disagree
 with its own usage fails that request (a field that lies must not be measured).
+`extra_body` (`--extra-body JSON`) is merged into every request's body last: a server's
+own fields, e.g. tokenrouterd's `{"routing": {"large_share": 0.2}, "priority": 1}`.
 
 Load: conversations start in the dataset's order. Closed loop: `max_concurrency` N keeps
 N conversations in flight, a finished one replaced at once by the next. Open loop:
@@ -26,6 +28,7 @@ conversation each turn is sent when the previous answer is in, with the answers 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -120,6 +123,24 @@ class Settings:
     ignore_eos: bool = False  # every request makes exactly max_tokens tokens
     token_ids: bool = True  # ask for return_token_ids
     api_key: str | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every body, last
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """`--extra-body`'s value: a JSON object, or an error argparse shows with the option."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def add_extra_body_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--extra-body", type=json_object, default={}, metavar="JSON",
+                   help="fields merged into every request's body, e.g. "
+                   "'{\"routing\": {\"large_share\": 0.2}}' (tokenrouterd's own)")  # fmt: skip
 
 
 def base_url(url: str) -> str:
@@ -162,7 +183,7 @@ class Client:
             body["messages"] = chat_messages(conv, turn, answers)
         else:
             body["prompt"] = completion_prompt(conv, turn, answers)
-        return body
+        return {**body, **s.extra_body}
 
     async def conversation(
         self, index: int, conv: Conversation, start: float, bar: tqdm[Any] | None = None,

@@ -24,7 +24,14 @@ from typing import Any
 import aiohttp
 
 from trd.bench import datasets
-from trd.bench.client import ENDPOINTS, Client, Settings, run_load, served_model
+from trd.bench.client import (
+    ENDPOINTS,
+    Client,
+    Settings,
+    add_extra_body_arg,
+    run_load,
+    served_model,
+)
 from trd.bench.metrics import summarize
 from trd.bench.result import Result
 
@@ -58,6 +65,7 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not ask for return_token_ids (a server that rejects the field)",
     )
+    add_extra_body_arg(p)
 
 
 def check_load_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -86,7 +94,8 @@ async def measure(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         model = args.model or await served_model(session, url, api_key)
         settings = Settings(url, model, args.endpoint, args.max_tokens, args.temperature,
-                            args.ignore_eos, not args.no_token_ids, api_key)  # fmt: skip
+                            args.ignore_eos, not args.no_token_ids, api_key,
+                            args.extra_body)  # fmt: skip
         records, wall = await run_load(
             Client(session, settings), convs, max_concurrency=args.max_concurrency,
             request_rate=args.request_rate, seed=args.seed, label=label or url,

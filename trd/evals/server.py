@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from trd.bench.client import Settings, served_model
+from trd.bench.client import Settings, add_extra_body_arg, served_model
 
 TIMEOUT_S = 1800.0  # a request on a loaded CPU: minutes, not hours
 
@@ -33,6 +33,7 @@ def add_server_args(p: argparse.ArgumentParser, concurrency: int, max_tokens: in
         action="store_true",
         help="do not ask for return_token_ids (a server that rejects the field)",
     )
+    add_extra_body_arg(p)
 
 
 def check_server_args(p: argparse.ArgumentParser, args: argparse.Namespace, *more: str) -> None:
@@ -55,7 +56,7 @@ async def settings(args: argparse.Namespace) -> Settings:
     async with session(args) as s:
         model = args.model or await served_model(s, args.base_url, args.api_key)
     return Settings(args.base_url, model, "chat", args.max_tokens, 0.0, False,
-                    not args.no_token_ids, args.api_key)  # fmt: skip
+                    not args.no_token_ids, args.api_key, args.extra_body)  # fmt: skip
 
 
 def percent(share: float | None) -> str:
