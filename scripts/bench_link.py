@@ -28,8 +28,7 @@ from trd.ipc.mesh import Mesh
 from trd.ipc.names import instance_prefix
 from trd.ipc.ring import Ring
 from trd.remote.bridge import Bridge, Edge
-
-from benchkit.netns import NetNs, why_not
+from trd.testing.netns import NetNs, why_not
 
 PORT = 7071
 HERE, FAR = 0, 1  # node ids: the pinger's and the ponger's

@@ -22,29 +22,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from bench_routing import make_jobs
 
+from trd.bench import server
+from trd.bench.server import daemon_config, launch_engine_host
 from trd.bench.stats import percentile
 from trd.config import load_config
 from trd.supervisor.deployment import plan_deployment
 from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.testing.netns import NetNs, why_not
 from trd.testing.tinymodels.build import ensure_models
 
-from benchkit.netns import NetNs, why_not
-
-ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("small", "large")
 PORT = 7070
 TOKEN = "bench-remote-token-0123456789"
-POLICIES = {
+POLICIES: dict[str, dict[str, Any]] = {
     "rstitch": {"name": "rstitch", "threshold": 0.82},  # ~ a quarter of tokens from large
     "scripted": {"name": "scripted", "schedule": [0, 0, 1, 0, 1, 1]},  # a handoff per ~2
 }
@@ -53,31 +51,11 @@ POLICIES = {
 def write_config(
     folder: Path, models: dict[str, Path], policy: str, spin_ms: float, remote: str | None
 ) -> Path:
-    large: dict[str, Any] = {"name": "large", "path": str(models["large"]), "dtype": "float32"}
-    if remote is not None:
-        large["remote"] = remote
-    raw = {
-        "device": "cpu", "mps": "off", "memory": {"max_kv_tokens": 16384},
-        "max_model_len": 1024, "remote_token": TOKEN, "policy": POLICIES[policy],
-        "models": [{"name": "small", "path": str(models["small"]), "dtype": "float32"}, large],
-        "engine": {"threads": 1, "max_batch_tokens": 512, "spin_ms": spin_ms},
-    }  # fmt: skip
-    path = folder / ("remote.yaml" if remote else "local.yaml")
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def start_remote(ns: NetNs, config: Path, log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "trd.daemon", "engine", "--config", str(config),
-            "--model", "large", "--listen", f"{ns.peer_ip}:{PORT}"]  # fmt: skip
-    with log.open("ab") as out:
-        proc = subprocess.Popen(ns.command(argv), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    deadline = time.monotonic() + 300
-    while "waiting for the daemon" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the remote engine did not come up:\n{log.read_text()}")
-        time.sleep(0.2)
-    return proc
+    engine = {"threads": 1, "max_batch_tokens": 512, "spin_ms": spin_ms}
+    cfg = daemon_config(models, POLICIES[policy], kv_tokens=16384, max_model_len=1024,
+                        engine=engine, remote_token=TOKEN,
+                        per_model={"large": {"remote": remote}} if remote else None)  # fmt: skip
+    return server.write_config(cfg, folder / ("remote.yaml" if remote else "local.yaml"))
 
 
 def started(config: Path, jobs: list[Any], n: int) -> EngineGroup:
@@ -136,7 +114,8 @@ def main() -> int:
         folder = Path(tmp)
         local = write_config(folder, models, args.policy, args.spin_ms, None)
         remote = write_config(folder, models, args.policy, args.spin_ms, f"{ns.peer_ip}:{PORT}")
-        host = start_remote(ns, remote, folder / "remote.log")
+        host = launch_engine_host(remote, "large", f"{ns.peer_ip}:{PORT}", folder, ns.command)
+        host.up(300)
         groups: dict[str, EngineGroup] = {}
         try:
             # Both groups stay up (idle engines sleep) and take turns, so the machine's
@@ -157,8 +136,7 @@ def main() -> int:
         finally:
             for group in groups.values():
                 group.close()
-            host.terminate()
-            host.wait(30)
+            host.stop(30)
     med = {m: percentile((r["tok_s"] for r in rs), 50) for m, rs in runs.items()}
     ratio = med["remote"] / med["local"]
     print(f"median tok/s: local {med['local']:.1f}, remote {med['remote']:.1f}: "

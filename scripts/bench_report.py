@@ -66,7 +66,7 @@ SYSTEMS = {  # what each system is (the code), shown for the systems a run has
     "official": "`trd/testing/reference.py` (kv_cache), the research-code way: a Python loop over "
     "transformers models, a `DynamicCache` per model and request, one request at a time, so "
     "it runs at N=1; it serves every prompt and is the identity reference.",
-    "std": "`scripts/baselines/std_server.py` (one single-model server per model, continuous "
+    "std": "`trd/bench/std/server.py` (one single-model server per model, continuous "
     "batching, a vLLM-style prefix cache of full blocks) and `scripts/baselines/dispatcher.py`, "
     "which routes token by token over HTTP sending the full context on every call.",
     "std_nocache": "the same servers with `--no-prefix-cache`: every call re-prefills.",
@@ -194,7 +194,7 @@ def render(
         "",
         "Measured inside each standard server (`GET /profile`) over its long-output run:",
         "share of the phases' summed time and, in brackets, ms per call (forward: summed",
-        "over batches). Phases are defined in `scripts/baselines/phases.py`; the paper's",
+        "over batches). Phases are defined in `trd/bench/std/phases.py`; the paper's",
         "column is its profile of SGLang's step.",
         "",
         *profile_table(runs),

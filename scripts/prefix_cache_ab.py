@@ -33,9 +33,11 @@ from typing import Any, NamedTuple
 
 import aiohttp
 
+from trd.bench.server import Daemon, serve_config
+
 from benchkit.client import OpenAIClient
 from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
-from benchkit.systems import Daemon, daemon_config, start_daemon
+from benchkit.systems import daemon_config
 from benchkit.workloads import prompts
 
 N = 16
@@ -130,12 +132,12 @@ def main() -> None:
                 pair.models, DEFAULT_TAU[args.pair], engine, KV_TOKENS, CONTEXT, args.dtype
             )
             print(f"starting the {args.lever}-{name} daemon (logs in {logs})", flush=True)
-            daemons[name] = start_daemon(f"{args.lever}_{name}", cfg, logs)
-        urls = {name: d.server.url for name, d in daemons.items()}
+            daemons[name] = serve_config(f"{args.lever}_{name}", cfg, logs)
+        urls = {name: d.url for name, d in daemons.items()}
         rows = asyncio.run(rounds(urls, pool, args.rounds, max_tokens))
     finally:
         for d in daemons.values():
-            d.server.stop()
+            d.stop()
     result = {"lever": args.lever, "pair": args.pair, "dtype": args.dtype, "n": N,
               "prompt_tokens": work.prompt_tokens,
               "max_tokens": max_tokens, "rows": rows,

@@ -26,9 +26,10 @@ from typing import Any
 import openai
 
 from trd.bench.chat_prompts import CHAT_PROMPTS
+from trd.bench.server import serve_config
 
 from benchkit.pairs import PAIRS, load_pair
-from benchkit.systems import daemon_config, start_daemon
+from benchkit.systems import daemon_config
 
 CLIENTS = 8
 SAMPLE_S = 2.0
@@ -85,10 +86,10 @@ def main() -> None:
     pair = load_pair(args.pair)
     cfg = daemon_config(pair.models, args.start_threshold, {}, kv_tokens=32768, context=1024)
     cfg["policy"]["target_large_share"] = args.target
-    daemon = start_daemon("share_run", cfg, Path(tempfile.mkdtemp(prefix="share-run-")))
+    daemon = serve_config("share_run", cfg, Path(tempfile.mkdtemp(prefix="share-run-")))
     stop = threading.Event()
     errors: list[str] = []
-    threads = clients(daemon.server.url, stop, errors)
+    threads = clients(daemon.url, stop, errors)
     samples: list[dict[str, Any]] = []
     try:
         for t in threads:
@@ -96,7 +97,7 @@ def main() -> None:
         start = time.monotonic()
         while time.monotonic() - start < args.seconds:
             time.sleep(SAMPLE_S)
-            status = daemon.admin_get("/status")
+            status = daemon.admin_call("GET", "/status")
             counts = [e["tokens_committed"] or 0 for e in status["engines"]]
             samples.append({"t": time.monotonic() - start, "large": counts[-1],
                             "total": sum(counts), **status["share"]})  # fmt: skip
@@ -107,7 +108,7 @@ def main() -> None:
         stop.set()
         for t in threads:
             t.join(timeout=300)
-        daemon.server.stop()
+        daemon.stop()
     reached = next(
         (s["t"] for s in samples if s["measured"] is not None
          and abs(s["measured"] - args.target) <= TOLERANCE), None,

@@ -13,15 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from trd.bench.server import launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,15 +46,9 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def post(port: int, body: bytes) -> None:
+def post(url: str, body: bytes) -> None:
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        f"{url}/v1/completions", body, {"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=60) as resp:
         resp.read()
@@ -68,21 +62,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2_000, help="requests before the baseline")
     ap.add_argument("--out", type=Path, default=ROOT / "bench_results" / "soak.json")
     args = ap.parse_args()
-    port = free_port()
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "trd.daemon", "--demo", "tiny", "--port", str(port)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "trd.daemon", "--demo", "tiny", "--port", "0"]
+    daemon = launch("soak", argv, Path(tempfile.mkdtemp(prefix="soak-")))
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert daemon.poll() is None and time.monotonic() < deadline, "daemon not up"
-                time.sleep(0.5)
-        engines = [p for p in children(daemon.pid) if "spawn_main" in _cmdline(p)]
+        daemon.up(600)
+        engines = [p for p in children(daemon.proc.pid) if "spawn_main" in _cmdline(p)]
         body = json.dumps({"model": "small+large", "prompt": "def f(x):", "max_tokens": 4,
                            "temperature": 0}).encode()  # fmt: skip
         done = 0
@@ -92,11 +76,11 @@ def main() -> None:
 
         def one(_: int) -> None:
             nonlocal done
-            post(port, body)
+            post(daemon.url, body)
             with lock:
                 done += 1
                 if done % args.every == 0:
-                    sample = {"requests": done, "supervisor": rss_kib(daemon.pid)}
+                    sample = {"requests": done, "supervisor": rss_kib(daemon.proc.pid)}
                     sample.update({f"engine{i}": rss_kib(p) for i, p in enumerate(engines)})
                     samples.append(sample)
                     print(json.dumps(sample), flush=True)
@@ -105,8 +89,7 @@ def main() -> None:
             list(pool.map(one, range(args.requests)))
         wall = time.monotonic() - start
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(60)
+        daemon.stop()
     base = next(s for s in samples if s["requests"] >= args.warmup)
     last = samples[-1]
     span = last["requests"] - base["requests"]

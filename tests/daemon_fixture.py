@@ -1,4 +1,6 @@
-"""Start the real daemon as a subprocess on a free loopback port, for the e2e tests.
+"""The real daemon as a subprocess for the e2e tests, through the one launcher
+(`trd/bench/server.py`): it binds port 0 and reports the ports it got, so no two tests
+race for a port.
 
 Each test module starts one daemon (module-scoped fixture) and shares it; every wait is
 bounded, and a daemon that fails to come up fails the test with its log.
@@ -6,32 +8,19 @@ bounded, and a daemon that fails to come up fails the test with its log.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import ssl
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
-import yaml
+
+from trd.bench import server
+from trd.bench.server import daemon_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 150.0
 SCHEDULE = [0, 0, 1, 0, 1, 1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def shm_segments(pid: int) -> list[str]:
@@ -42,129 +31,38 @@ def shm_segments(pid: int) -> list[str]:
 def write_config(
     tmp: Path, models: dict[str, Path], names: list[str], dtype: str = "float32", **extra: Any
 ) -> Path:
-    cfg = {
-        "listen": f"127.0.0.1:{free_port()}",
-        "admin": f"unix:{tmp / 'admin.sock'}",
-        "device": "cpu",
-        "mps": "off",
-        "memory": {"max_kv_tokens": 8192},
-        "max_model_len": 512,
-        "models": [{"name": n, "path": str(models[n]), "dtype": dtype} for n in names],
-        # Every model produces tokens and hands off, whatever the fixture weights are.
-        "policy": {"name": "scripted", "schedule": SCHEDULE if len(names) > 1 else [0]},
-        "engine": {"threads": 1, "max_batch_tokens": 512},
-        "shutdown": {"grace_s": 5},
-        **extra,
-    }
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    """The tests' daemon: CPU, port 0, admin on a unix socket, and a scripted policy by
+    which every model produces tokens and hands off, whatever the fixture weights are."""
+    policy = {"name": "scripted", "schedule": SCHEDULE if len(names) > 1 else [0]}
+    cfg = daemon_config(
+        {n: models[n] for n in names}, policy, dtype=dtype, kv_tokens=8192, max_model_len=512,
+        engine={"threads": 1, "max_batch_tokens": 512}, admin=f"unix:{tmp / 'admin.sock'}",
+    )  # fmt: skip
+    return server.write_config({**cfg, **extra}, tmp / "config.yaml")
 
 
 @dataclass
-class Daemon:
-    proc: subprocess.Popen[bytes]
-    config: dict[str, Any]
-    log_path: Path
-    config_path: Path
-    cafile: Path | None = None  # with ssl_certfile: the CA the test clients trust
-
-    @property
-    def scheme(self) -> str:
-        return "https" if "ssl_certfile" in self.config else "http"
-
-    @property
-    def port(self) -> int:
-        return int(self.config["listen"].rpartition(":")[2])
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
-
-    @property
-    def admin(self) -> str:
-        return str(self.config["admin"])
-
+class Daemon(server.Daemon):
     def status(self) -> dict[str, Any]:
         """`GET /status` of the admin API, with the config's admin token."""
-        from trd.cli import request
-
-        return request(self.admin, "GET", "/status", token=self.config.get("admin_token", ""))
-
-    @property
-    def model(self) -> str:
-        return "+".join(m["name"] for m in self.config["models"])
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return dict(self.admin_call("GET", "/status"))
 
     def client(self, timeout: float = 60.0) -> openai.OpenAI:
         return openai.OpenAI(
             base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=timeout
         )
 
-    def get(self, path: str) -> tuple[int, Any]:
-        try:
-            tls = None if self.cafile is None else ssl.create_default_context(cafile=self.cafile)
-            with urllib.request.urlopen(self.url + path, timeout=10, context=tls) as resp:
-                body = resp.read()
-                status = resp.status
-        except urllib.error.HTTPError as exc:
-            body, status = exc.read(), exc.code
-        ctype = "json" if body[:1] in (b"{", b"[") else "text"
-        return status, json.loads(body) if ctype == "json" else body.decode()
-
-    def wait_status(self, path: str, want: int, timeout: float, every: float = 0.2) -> Any:
-        """Poll GET `path` until it answers `want`; returns that answer's body."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                status, body = self.get(path)
-                if status == want:
-                    return body
-            except OSError:
-                pass
-            time.sleep(every)
-        raise AssertionError(f"{path} never returned {want} in {timeout} s:\n{self.log()}")
-
-    def wait_ready(self, timeout: float) -> None:
-        """Until /ready says every engine serves (the HTTP port opens only after the first
-        start, so this also waits for the daemon to come up)."""
-        self.wait_status("/ready", 200, timeout)
-
-    def stop(self, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-            raise AssertionError(f"daemon ignored SIGTERM for {timeout} s:\n{self.log()}") from None
-
 
 def launch_daemon(
     config_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
 ) -> Daemon:
     """Start the daemon process (`args`: more flags) without waiting for it to serve."""
-    log_path = config_path.parent / "daemon.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trd.daemon", "--config", str(config_path), *args],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-            env={**os.environ, **(env or {})},
-        )  # fmt: skip
-    return Daemon(proc, yaml.safe_load(config_path.read_text()), log_path, config_path)
+    d = server.launch_daemon(config_path, env, args)
+    return Daemon(**{k: getattr(d, k) for k in d.__dataclass_fields__})
 
 
 def wait_serving(daemon: Daemon, timeout: float = START_TIMEOUT_S) -> Daemon:
-    try:
-        daemon.wait_ready(timeout)
-    except BaseException:
-        daemon.stop()
-        raise
+    daemon.up(timeout)
     return daemon
 
 

@@ -1,30 +1,27 @@
-"""A benchmark server that is still loading when its start is cut short, or that dies
-while loading, is not left behind: `Server.up` stops it and says how it ended."""
+"""The one launcher (`trd/bench/server.py`): a server still loading when its start is cut
+short, or that dies while loading, is not left behind (`Server.up` stops it and says how
+it ended); a server is found where it reported it listens, on the port it bound itself."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from benchkit import systems
-from benchkit.systems import Server, free_port
+from trd.bench import server
+from trd.bench.server import NotServing, Server, launch, start_std_server
 
 
 def loading_server(tmp_path: Path, code: str) -> Server:
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=out)
-    return Server("loading", proc, f"http://127.0.0.1:{free_port()}", log)
+    return launch("loading", [sys.executable, "-c", code], tmp_path, ready_file=False)
 
 
 def test_an_interrupted_start_stops_the_server(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = loading_server(tmp_path, "import time; time.sleep(120)")
+    srv = loading_server(tmp_path, "import time; time.sleep(120)")
     real_sleep, calls = time.sleep, []
 
     def interrupt_once(seconds: float) -> None:  # Ctrl-C during the first wait, then real
@@ -33,15 +30,30 @@ def test_an_interrupted_start_stops_the_server(
             raise KeyboardInterrupt
         real_sleep(seconds)
 
-    monkeypatch.setattr(systems.time, "sleep", interrupt_once)
+    monkeypatch.setattr(server.time, "sleep", interrupt_once)
     with pytest.raises(KeyboardInterrupt):
-        server.up()
-    assert server.proc.poll() is not None  # stopped, not orphaned
+        srv.up()
+    assert srv.proc.poll() is not None  # stopped, not orphaned
 
 
 def test_a_server_that_dies_while_loading_is_reported_with_its_exit_code(
     tmp_path: Path,
 ) -> None:
-    server = loading_server(tmp_path, "print('loading the weights'); raise SystemExit(3)")
+    srv = loading_server(tmp_path, "print('loading the weights'); raise SystemExit(3)")
     with pytest.raises(RuntimeError, match=r"loading exited with code 3:\nloading the weights"):
-        server.up()
+        srv.up()
+
+
+def test_a_standard_server_binds_port_0_and_reports_the_port(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    srv = start_std_server("std_small", tiny_models["small"], tmp_path, kv_tokens=1024)
+    with pytest.raises(NotServing):
+        srv.url  # noqa: B018 -- nothing reported yet
+    try:
+        srv.up(120)
+        assert srv.bound() is not None and srv.port > 0
+        status, body = srv.get("/profile")
+        assert status == 200 and body["calls"] == 0 and body["prefix_cache"] is True
+    finally:
+        assert srv.stop() == 0, srv.log()

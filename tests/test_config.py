@@ -93,7 +93,12 @@ def _set(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 
 BAD = [  # (key to set, value, expected start of the message)
     ("listen", "localhost", "listen: 'localhost'"),
-    ("listen", "127.0.0.1:70000", "listen: '127.0.0.1:70000'"),
+    (
+        "listen",
+        "127.0.0.1:70000",
+        "listen: '127.0.0.1:70000': expected 'host:port' with a port "
+        "in 0..65535 (0: any free port)",
+    ),
     ("listen", "unix:/tmp/x.sock", "listen: 'unix:/tmp/x.sock'"),
     ("admin", "0.0.0.0:8001", "admin: '0.0.0.0:8001': the admin API must listen on loopback"),
     ("admin", "unix:run/admin.sock", "admin: 'unix:run/admin.sock': the unix socket path"),

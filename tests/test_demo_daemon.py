@@ -21,13 +21,14 @@ from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoTokenizer
 
+from trd.bench.server import launch
 from trd.demo.pair import DemoPair, ensure_demo_pair
 from trd.frontend.tokens import PromptEncoder
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter, Trace
 
-from daemon_fixture import REPO_ROOT, Daemon, free_port, wait_serving
+from daemon_fixture import REPO_ROOT, Daemon, wait_serving
 
 CACHE_DIR = REPO_ROOT / ".cache"
 # The first test of a fresh checkout waits for the pair's import, which conftest.py starts
@@ -73,21 +74,15 @@ def oracle(pair: DemoPair) -> dict[str, Trace]:
 def demo(
     oracle: dict[str, Trace], pair: DemoPair, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Daemon]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("demo") / "daemon.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trd.daemon", "--demo", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-        )  # fmt: skip
-    config = {
-        "listen": f"127.0.0.1:{port}",
-        "admin": f"127.0.0.1:{port + 1}",
-        "models": [{"name": "small"}, {"name": "large"}],
-    }
+    folder = tmp_path_factory.mktemp("demo")
+    started = launch("daemon", [sys.executable, "-m", "trd.daemon", "--demo", "--port", "0"],
+                     folder)  # fmt: skip
+    config = {"models": [{"name": "small"}, {"name": "large"}]}
+    d = Daemon(started.name, started.proc, started.log_path, started.ready_file,
+               health="/ready", config=config)  # fmt: skip
     # Loading 4.5 GB of weights into two engine processes: seconds alone, minutes beside
     # the rest of a 2-core CI run.
-    daemon = wait_serving(Daemon(proc, config, log_path, log_path), timeout=600)
+    daemon = wait_serving(d, timeout=600)
     yield daemon
     assert daemon.stop() == 0
 

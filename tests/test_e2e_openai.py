@@ -152,6 +152,18 @@ def test_concurrent_clients_get_the_oracle_output_streamed_or_not(
         assert info["usage"]["total_tokens"] == info["usage"]["prompt_tokens"] + MAX_TOKENS
 
 
+def test_the_daemon_reports_the_ports_it_bound(daemon: Daemon) -> None:
+    """Asked for port 0, the daemon serves on a port the OS picked and says which: in its
+    ready file (what the launcher reads) and its log."""
+    bound = daemon.bound()
+    assert daemon.config["listen"] == "127.0.0.1:0" and bound is not None
+    host, _, port = bound["listen"].rpartition(":")
+    assert host == "127.0.0.1" and int(port) > 0 and bound["pid"] == daemon.proc.pid
+    assert bound["admin"] == daemon.config["admin"]  # a unix socket: no port to report
+    assert f"on http://127.0.0.1:{port}, admin on {daemon.config['admin']}" in daemon.log()
+    assert daemon.get("/health")[0] == 200
+
+
 def test_bench_serve_measures_the_daemon_with_its_token_models(
     daemon: Daemon, oracle: dict[str, tuple[str, dict[str, int]]], tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

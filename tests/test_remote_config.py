@@ -82,6 +82,8 @@ def test_each_host_reads_and_plans_only_its_own_models(
         ({"remote_token": None}, "large", "remote_token: missing: this host serves 'large'"),
         ({"remote_token": "short"}, None, "remote_token: '<hidden>': expected a printable"),
         ({"models.1.remote": "10.0.0.2"}, None, "models[1].remote: '10.0.0.2': expected"),
+        ({"models.1.remote": "10.0.0.2:0"}, None, "models[1].remote: '10.0.0.2:0': expected "
+         "'host:port' with a port in 1..65535"),  # the daemon must know the remote's port
         ({}, "mid", "--model: 'mid': no such model in the config"),
     ],
 )  # fmt: skip

@@ -23,7 +23,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
+from trd.bench.server import Server, launch_engine_host
 from trd.cli import format_status
 from trd.config import load_config
 from trd.policies.params import PolicySpec
@@ -42,11 +42,11 @@ from trd.remote.handshake import Hello, Refused, connect
 from trd.remote.spec import RemoteSpec
 from trd.supervisor.deployment import plan_deployment
 from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.testing.netns import NetNs, why_not
 from trd.testing.reference import ReferenceRouter
 from trd.testing.wiring import check_fed
 
-from benchkit.netns import NetNs, why_not
-from daemon_fixture import REPO_ROOT, Daemon, free_port, launch_daemon, shm_segments, wait_serving
+from daemon_fixture import Daemon, launch_daemon, shm_segments, wait_serving
 from routing_cases import cache_hits, fresh_stats, jobs, reference
 
 PORT = 7070
@@ -58,30 +58,26 @@ START_S = 150.0
 
 
 class RemoteHost:
-    """`tokenrouterd engine` for the large model, inside the namespace."""
+    """`tokenrouterd engine` for the large model, inside the namespace (its own network:
+    the fixed port races with nothing)."""
 
     def __init__(self, ns: NetNs, config: Path) -> None:
         self.ns, self.config = ns, config
         self.log_path = config.parent / "remote.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.server: Server | None = None
 
     @property
     def address(self) -> str:
         return f"{self.ns.peer_ip}:{PORT}"
 
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return None if self.server is None else self.server.proc
+
     def start(self) -> None:
-        starts = self.log().count("waiting for the daemon")
-        argv = [sys.executable, "-m", "trd.daemon", "engine", "--config", str(self.config),
-                "--model", "large", "--listen", self.address]  # fmt: skip
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.ns.command(argv), stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
-            )
-        deadline = time.monotonic() + START_S
-        while self.log().count("waiting for the daemon") == starts:
-            assert self.proc.poll() is None, f"remote host exited:\n{self.log()}"
-            assert time.monotonic() < deadline, f"remote host not up:\n{self.log()}"
-            time.sleep(0.2)
+        host = launch_engine_host(self.config, "large", self.address, self.config.parent,
+                                  self.ns.command)  # fmt: skip
+        self.server = host.up(START_S)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -117,7 +113,7 @@ def config(
     """One file for both hosts: `path` says where the remote host finds its checkpoint."""
     tmp = tmp_path_factory.mktemp("remote_engine")
     raw = {
-        "listen": f"127.0.0.1:{free_port()}", "admin": f"unix:{tmp / 'admin.sock'}",
+        "listen": "127.0.0.1:0", "admin": f"unix:{tmp / 'admin.sock'}",
         "device": "cpu", "mps": "off", "memory": {"max_kv_tokens": 16384},
         "max_model_len": 2048,
         "models": [

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from trd.bench.std.engine import StdEngine
+from trd.bench.std.phases import Profile
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
 
-from baselines.phases import Profile
-from baselines.std_engine import StdEngine
 from benchkit import workloads
 
 ONE_TOKEN = SamplingParams(max_tokens=1, ignore_eos=True)

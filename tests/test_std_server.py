@@ -18,14 +18,13 @@ import pytest
 from aiohttp import web
 from bench_report import profile_table
 
+from trd.bench.std.engine import StdEngine
+from trd.bench.std.phases import Profile, shares
+from trd.bench.std.server import make_app
 from trd.engines.spec import EngineSpec
 
 from baselines.dispatcher import Dispatcher
-from baselines.phases import Profile, shares
-from baselines.std_engine import StdEngine
-from baselines.std_server import make_app
 from benchkit.client import Record, closed_loop
-from benchkit.systems import free_port
 from benchkit.workloads import Workload, prompts
 
 TAU = 0.8
@@ -42,10 +41,9 @@ async def serve_and_dispatch(
         engine = StdEngine(spec, profile=Profile())
         runner = web.AppRunner(make_app(engine))
         await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()  # a port the OS picks
         runners.append(runner)
-        urls.append(f"http://127.0.0.1:{port}")
+        urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
     try:
         async with aiohttp.ClientSession() as session:
             disp = Dispatcher(session, urls, list(MODELS), TAU)

@@ -106,7 +106,9 @@ class Address:
             return False
 
 
-def parse_address(key: str, value: Any, allow_unix: bool) -> Address:
+def parse_address(key: str, value: Any, allow_unix: bool, any_port: bool = False) -> Address:
+    """`host:port` (port 0 with `any_port`: a free port the OS picks, which the process
+    then reports), or `unix:/path` with `allow_unix`."""
     if not isinstance(value, str):
         fail(key, value, "expected 'host:port'" + (" or 'unix:/path'" if allow_unix else ""))
     if value.startswith("unix:"):
@@ -118,8 +120,10 @@ def parse_address(key: str, value: Any, allow_unix: bool) -> Address:
         return Address(path=path)
     host, sep, port = value.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        fail(key, value, "expected 'host:port' with a port in 1..65535")
+    low = 0 if any_port else 1
+    if not sep or not host or not port.isdigit() or not low <= int(port) <= 65535:
+        fail(key, value, f"expected 'host:port' with a port in {low}..65535"
+             + (" (0: any free port)" if any_port else ""))  # fmt: skip
     return Address(host=host, port=int(port))
 
 
@@ -196,14 +200,15 @@ class Config:
 
     @classmethod
     def demo(cls, pair: DemoModels, port: int, large_share: float | None = None) -> Config:
-        """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1; with
-        `large_share`, the share control holds the large model's share there."""
+        """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1 (port 0:
+        both on free ports the OS picks); with `large_share`, the share control holds the
+        large model's share there."""
         policy: dict[str, Any] = {"name": "rstitch", "threshold": pair.threshold}
         if large_share is not None:
             policy["target_large_share"] = large_share
         raw = {
             "listen": f"127.0.0.1:{port}",
-            "admin": f"127.0.0.1:{port + 1}",
+            "admin": f"127.0.0.1:{port + 1 if port else 0}",
             "device": "cpu",
             "mps": "off",
             "memory": {"max_kv_tokens": 16384},
@@ -246,7 +251,7 @@ def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
     cfg = Config(
         models=models,
         max_model_len=_max_model_len(top, models),
-        listen=parse_address("listen", top.get("listen", "127.0.0.1:8000"), allow_unix=False),
+        listen=parse_address("listen", top.get("listen", "127.0.0.1:8000"), False, any_port=True),
         admin=_admin(top.get("admin", "127.0.0.1:8001")),
         admin_token=_token("admin_token", top.get("admin_token", "")),
         remote_token=_remote_token(top, models, serve),
@@ -287,7 +292,7 @@ def from_dict(raw: Any, base_dir: Path, serve: str | None = None) -> Config:
 
 
 def _admin(value: Any) -> Address:
-    addr = parse_address("admin", value, allow_unix=True)
+    addr = parse_address("admin", value, allow_unix=True, any_port=True)
     if not addr.is_loopback:
         fail("admin", value, "the admin API must listen on loopback or a unix socket")
     return addr

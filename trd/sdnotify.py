@@ -5,13 +5,20 @@ namespace (the '@' stands for a leading NUL byte). Without $NOTIFY_SOCKET (not r
 systemd, or Type= is not notify) every call does nothing. With $WATCHDOG_USEC set,
 systemd kills the unit unless it hears WATCHDOG=1 within that interval; `watchdog_s`
 is the period to ping at, half the interval as sd_watchdog_enabled(3) advises.
+
+Outside systemd, a process that serves says the same with a ready file
+(`write_ready_file`): benchmarks and tests that start it with port 0 read the ports
+it bound there.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +65,12 @@ class Notifier:
 
     def watchdog(self) -> bool:
         return self.notify(WATCHDOG=1)
+
+
+def write_ready_file(path: Path, **fields: Any) -> None:
+    """The `--ready-file` of a process that serves: a JSON object of `fields` (its pid and
+    the addresses it bound, ports included when it asked for port 0), written whole (a
+    temporary file renamed), so whoever waits for it never reads half of it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), **fields}))
+    os.replace(tmp, path)

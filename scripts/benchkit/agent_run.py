@@ -36,13 +36,14 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from trd.bench.server import serve_config
 from trd.bench.stats import percentile
+from trd.bench.std.phases import delta
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
 
 from baselines.dispatcher import Dispatcher
-from baselines.phases import delta
 from benchkit.agent import (
     SHAPES,
     AgentShape,
@@ -62,7 +63,6 @@ from benchkit.systems import (
     ENGINE,
     THREADS,
     daemon_config,
-    start_daemon,
     start_std_servers,
 )
 
@@ -197,8 +197,8 @@ class AgentBench:
     ) -> None:
         engine = {"max_batch_tokens": self.max_batch_tokens, **engine}
         cfg = daemon_config(self.pair.models, self.tau, engine, self.kv_tokens, self.context)
-        d = start_daemon(name, cfg, self.logs)
-        send = OpenAIClient(session, d.server.url, MODEL).send
+        d = serve_config(name, cfg, self.logs)
+        send = OpenAIClient(session, d.url, MODEL).send
         try:
             await self.warmup(send)
             for n in self.ns:
@@ -210,7 +210,7 @@ class AgentBench:
                 run["work"] = {m: engine_work(before.get(m, {}), after[m]) for m in after}
                 run["steps"] = {m: step_log(before.get(m, {}), after[m]) for m in after}
         finally:
-            d.server.stop()
+            d.stop()
 
     async def run_std(self, session: aiohttp.ClientSession, name: str, threads: int) -> None:
         servers = start_std_servers(
@@ -221,10 +221,10 @@ class AgentBench:
             send = Dispatcher(session, urls, list(self.pair.models), self.tau).send
             await self.warmup(send)
             for n in self.ns:
-                before = {m: s.get("/profile") for m, s in servers.items()}
+                before = {m: s.get_json("/profile") for m, s in servers.items()}
                 turns, wall = await self.conversations(send, n)
                 run = self.record(name, n, turns, wall)
-                after = {m: s.get("/profile") for m, s in servers.items()}
+                after = {m: s.get_json("/profile") for m, s in servers.items()}
                 run["profile"] = {m: delta(before[m], after[m]) for m in servers}
         finally:
             for s in servers.values():

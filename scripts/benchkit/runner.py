@@ -24,12 +24,14 @@ import aiohttp
 import torch
 
 from trd.bench.identity import Reference, identity
+from trd.bench.server import Daemon, Server, serve_config
+from trd.bench.std.phases import delta
+from trd.cli import AdminError
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
 
 from baselines.dispatcher import Dispatcher
-from baselines.phases import delta
 from benchkit.ceiling import bound_kind, ceiling
 from benchkit.client import OpenAIClient, Record, Send, closed_loop
 from benchkit.pairs import Pair
@@ -40,11 +42,8 @@ from benchkit.systems import (
     DTYPE,
     ENGINE,
     THREADS,
-    Daemon,
-    Server,
     cpu_linear,
     daemon_config,
-    start_daemon,
     start_std_servers,
 )
 from benchkit.workloads import Workload, prompts
@@ -136,7 +135,7 @@ class Bench:
     ) -> dict[str, Any]:  # fmt: skip
         jobs = self.prompts(w, count)
         before = daemon.fresh_stats(time.time()) if daemon else None
-        profiles = {m: s.get("/profile") for m, s in (std or {}).items()}
+        profiles = {m: s.get_json("/profile") for m, s in (std or {}).items()}
         records, wall = await closed_loop(send, jobs, w.max_tokens, n, f"{system} {w.name} N={n}")
         run = {
             "system": system, "workload": w.name, "source": w.source, "max_tokens": w.max_tokens,
@@ -150,7 +149,7 @@ class Bench:
             run["ceiling"] = ceiling(before, after, records, wall, self.bound)
             run["batching"] = batching_bound(before, after, self.costs, wall, self.bound["kind"])
         if std:
-            run["profile"] = {m: delta(profiles[m], s.get("/profile")) for m, s in std.items()}
+            run["profile"] = {m: delta(profiles[m], s.get_json("/profile")) for m, s in std.items()}
         print(
             f"{system:20} {w.name:10} N={n:<3} {run['throughput']:8.1f} tok/s "
             f"large {100 * run['large_fraction']:5.1f}%  wall {wall:6.1f} s",
@@ -220,7 +219,7 @@ class Bench:
         cfg = daemon_config(self.models, self.tau, engine, self.kv_tokens, self.context)
         if self.thresholds and name != "tokenrouterd":
             cfg["batching"] = {"thresholds": self.thresholds}
-        return start_daemon(name, cfg, self.logs)
+        return serve_config(name, cfg, self.logs)
 
     async def _warmup(self, send: Send) -> None:
         await closed_loop(send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
@@ -232,7 +231,7 @@ class Bench:
 
     async def run_tokenrouterd(self, session: aiohttp.ClientSession) -> None:
         d = self._daemon("tokenrouterd", {})
-        send = OpenAIClient(session, d.server.url, MODEL).send
+        send = OpenAIClient(session, d.url, MODEL).send
         try:
             await self._warmup(send)
             # Thresholds all 1 first: that is the no-delayed-batching ablation, and it
@@ -252,18 +251,18 @@ class Bench:
                 await self.measure("tokenrouterd", send, w, self.top_n, count, daemon=d)
             if self.plan.forced_delay:
                 # Delayed batching forced on, whatever the model says: does waiting pay?
-                d.admin_post("/thresholds", {"thresholds": {"large": FORCED_DELAY}})
+                d.admin_call("POST", "/thresholds", {"thresholds": {"large": FORCED_DELAY}})
                 await self._top_short("forced_delay", send, d)
         finally:
-            d.server.stop()
+            d.stop()
 
     def recommend(self, d: Daemon) -> None:
         """Apply the Markov model's thresholds from the live figures (the runs so far)."""
         try:
-            rec = d.admin_get("/thresholds/recommend")
+            rec = d.admin_call("GET", "/thresholds/recommend")
             self.thresholds, self.recommendation = rec["models"], rec
-            d.admin_post("/thresholds", {"thresholds": self.thresholds})
-        except OSError as exc:
+            d.admin_call("POST", "/thresholds", {"thresholds": self.thresholds})
+        except AdminError as exc:
             self.notes.append(f"no threshold recommendation ({exc}); thresholds stay at 1")
         if self.thresholds and all(b == 1 for t in self.thresholds.values() for b in t):
             self.notes.append(
@@ -281,11 +280,11 @@ class Bench:
             self.notes.append(f"{name}: daemon did not start: {str(exc)[-300:]}")
             return
         try:
-            send = OpenAIClient(session, d.server.url, MODEL).send
+            send = OpenAIClient(session, d.url, MODEL).send
             await self._warmup(send)
             await self._top_short(name, send, d)
         finally:
-            d.server.stop()
+            d.stop()
 
     async def run_std(
         self, session: aiohttp.ClientSession, system: str, prefix_cache: bool

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from baselines.phases import PHASES
+from trd.bench.std.phases import PHASES
+
 from benchkit.targets import FULL, Row
 
 STD = ("std", "std_nocache")

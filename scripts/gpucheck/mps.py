@@ -20,19 +20,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
 from gpucheck.common import (
     DEVICE,
@@ -45,19 +41,11 @@ from gpucheck.common import (
     model_path,
 )
 from gpucheck.routing import SCHEDULE, expected_tokens, jobs
+from trd.bench.server import Daemon, daemon_config, launch_daemon, write_config
 from trd.protocol import SamplingParams
 
 CANDIDATES = ["/usr/local/nvidia/bin", "/usr/bin", "/usr/sbin", "/usr/local/bin",
               str(REPO / ".gpu/mps/root/usr/bin")]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-PORT, ADMIN = free_port(), free_port()
 
 
 def find_control() -> Path | None:
@@ -69,19 +57,17 @@ def find_control() -> Path | None:
 
 
 def config() -> dict[str, Any]:
-    return {
-        "listen": f"127.0.0.1:{PORT}", "admin": f"127.0.0.1:{ADMIN}", "device": DEVICE,
-        "mps": "off" if DRY_RUN else "required", "memory": {"budget_gib": 24},
-        "max_model_len": 4096,
-        "models": [{"name": "small", "path": str(model_path("small")), "dtype": DTYPE},
-                   {"name": "large", "path": str(model_path("large")), "dtype": DTYPE}],
-        "policy": {"name": "scripted", "schedule": SCHEDULE}, "shutdown": {"grace_s": 1},
-    }  # fmt: skip
+    models = {name: model_path(name) for name in ("small", "large")}
+    return daemon_config(
+        models, {"name": "scripted", "schedule": SCHEDULE}, dtype=DTYPE, max_model_len=4096,
+        device=DEVICE, mps="off" if DRY_RUN else "required", memory={"budget_gib": 24},
+        shutdown={"grace_s": 1},
+    )  # fmt: skip
 
 
-def http(path: str, body: dict[str, Any] | None = None, timeout: float = 5) -> Any:
+def http(daemon: Daemon, path: str, body: dict[str, Any] | None = None, timeout: float = 5) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", data=data,
+    req = urllib.request.Request(f"{daemon.url}{path}", data=data,
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
@@ -136,57 +122,36 @@ def main() -> None:
         return
     log(f"MPS control binary: {control}")
     work = Path(tempfile.mkdtemp(prefix="trdmps-", dir="/tmp"))
-    (work / "config.yaml").write_text(yaml.safe_dump(config()))
     path = os.environ.get("PATH", "")
     if control is not None:  # the server binary sits next to the control binary
         path = os.pathsep.join([str(control.parent), str(control.parent.parent / "sbin"), path])
-    env = {**os.environ, "RUNTIME_DIRECTORY": str(work), "PATH": path}
-    logf = (work / "daemon.log").open("w")
-    daemon = subprocess.Popen([sys.executable, "-m", "trd.daemon", "--config",
-                               str(work / "config.yaml")], env=env, stdout=logf,
-                              stderr=subprocess.STDOUT)  # fmt: skip
+    env = {"RUNTIME_DIRECTORY": str(work), "PATH": path}
+    daemon = launch_daemon(write_config(config(), work / "config.yaml"), env)
     try:
         pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(work / "mps" / "pipe")}
         result |= serve_and_look(daemon, control, pipe)
     except Exception as exc:
         result |= {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     finally:
-        daemon.send_signal(signal.SIGTERM)
         try:
-            result["daemon_exit"] = daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+            result["daemon_exit"] = daemon.stop(timeout=30)
+        except RuntimeError:
             result["daemon_exit"] = "killed after 30 s"
         result["mps_dir_removed"] = not (work / "mps").exists()
-        result["log_tail"] = (work / "daemon.log").read_text()[-3000:]
+        result["log_tail"] = daemon.log()[-3000:]
     result["ok"] = bool(result.get("ok")) and result["mps_dir_removed"]
     log(f"MPS: ok={result['ok']} { ({k: v for k, v in result.items() if k != 'log_tail'}) }")
     dump(out_path, result)
 
 
-def wait_serving(daemon: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 150
-    while True:
-        if daemon.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {daemon.returncode} while starting")
-        try:
-            if http("/health").get("status") == "ok":
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("the daemon was not serving after 150 s")
-        time.sleep(0.5)
-
-
-def routed(model: str) -> tuple[list[list[int]], list[list[int]]]:
+def routed(daemon: Daemon, model: str) -> tuple[list[list[int]], list[list[int]]]:
     """The routed workload's token ids as served, and as the shaped weights make them."""
 
     def one(job: tuple[list[int], SamplingParams]) -> list[int]:
         prompt, params = job
         body = {"model": model, "prompt": prompt, "max_tokens": params.max_tokens,
                 "ignore_eos": True, "temperature": 0, "return_token_ids": True}  # fmt: skip
-        return list(http("/v1/completions", body, timeout=60)["choices"][0]["token_ids"])
+        return list(http(daemon, "/v1/completions", body, 60)["choices"][0]["token_ids"])
 
     work = jobs(4 if DRY_RUN else 12)
     with ThreadPoolExecutor(4) as pool:
@@ -194,14 +159,12 @@ def routed(model: str) -> tuple[list[list[int]], list[list[int]]]:
     return served, [expected_tokens(p, sp.max_tokens, SCHEDULE) for p, sp in work]
 
 
-def serve_and_look(
-    daemon: subprocess.Popen[bytes], control: Path | None, env: dict[str, str]
-) -> dict[str, Any]:
-    wait_serving(daemon)
-    served, want = routed(http("/v1/models")["data"][0]["id"])
+def serve_and_look(daemon: Daemon, control: Path | None, env: dict[str, str]) -> dict[str, Any]:
+    daemon.up(150)
+    served, want = routed(daemon, http(daemon, "/v1/models")["data"][0]["id"])
     result: dict[str, Any] = {"tokens_exact": served == want,
                               "mismatch": first_mismatch(served, want)}  # fmt: skip
-    result["engines"] = engines = engine_pids(daemon.pid)
+    result["engines"] = engines = engine_pids(daemon.proc.pid)
     if control is None:
         return {**result, "ok": result["tokens_exact"] and len(engines) == 2}
     result["seen"] = seen = mps_clients(control, env)

@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +51,7 @@ from trd.remote.bridge import Bridge
 from trd.remote.card import model_card
 from trd.remote.handshake import HANDSHAKE_S
 from trd.remote.spec import RemoteSpec
+from trd.sdnotify import write_ready_file
 
 log = logging.getLogger("trd.engine_host")
 
@@ -70,7 +72,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the daemon's YAML config; only --model's checkpoint is read")  # fmt: skip
     p.add_argument("--model", required=True, help="the name of the model this host runs")
     p.add_argument("--listen", required=True,
-                   help="HOST:PORT to accept the daemon on, e.g. 0.0.0.0:7070")  # fmt: skip
+                   help="HOST:PORT to accept the daemon on, e.g. 0.0.0.0:7070 (port 0: a free "
+                   "port, see --ready-file)")  # fmt: skip
+    p.add_argument(
+        "--ready-file",
+        type=Path,
+        metavar="FILE",
+        help="once listening, write {pid, listen} here as JSON (the port bound)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p.parse_args(argv)
 
@@ -88,7 +97,7 @@ class Planned(Protocol):
 def main(argv: list[str], plan_deployment: Callable[[Config], Planned]) -> int:
     args = parse_args(argv)
     try:
-        listen = parse_address("--listen", args.listen, allow_unix=False)
+        listen = parse_address("--listen", args.listen, allow_unix=False, any_port=True)
         cfg = load_config(args.config, serve=args.model)
         deployment = plan_deployment(cfg)
     except (ConfigError, PlanError, ValueError) as exc:
@@ -98,12 +107,14 @@ def main(argv: list[str], plan_deployment: Callable[[Config], Planned]) -> int:
     spec = next(s for s in deployment.specs if isinstance(s, EngineSpec))
     for line in deployment.plan.to_table().splitlines():
         log.info("memory plan | %s", line)
-    return uvloop.run(EngineHost(cfg, spec, listen).run())
+    return uvloop.run(EngineHost(cfg, spec, listen, args.ready_file).run())
 
 
 class EngineHost:
-    def __init__(self, cfg: Config, spec: EngineSpec, listen: Address) -> None:
-        self.cfg, self.spec, self.listen = cfg, spec, listen
+    def __init__(
+        self, cfg: Config, spec: EngineSpec, listen: Address, ready_file: Path | None = None
+    ) -> None:
+        self.cfg, self.spec, self.listen, self.ready_file = cfg, spec, listen, ready_file
         self.exit_code = 0
         self.link: asyncio.Task[None] | None = None
         self.card: dict[str, Any] = {}
@@ -153,8 +164,11 @@ class EngineHost:
             log.error("cannot listen on %s: %s", self.listen, exc.strerror)
             self.exit_code = EXIT_FAILED
             return
+        bound = replace(self.listen, port=int(server.sockets[0].getsockname()[1]))
         log.info("engine %r ready (pid %d, %d KV pages); waiting for the daemon on %s",
-                 self.spec.name, ready.pid, ready.kv_pages, self.listen)  # fmt: skip
+                 self.spec.name, ready.pid, ready.kv_pages, bound)  # fmt: skip
+        if self.ready_file is not None:
+            write_ready_file(self.ready_file, listen=str(bound))
         discard = loop.create_task(self._discard())
         async with server:
             await self.stop.wait()

@@ -7,12 +7,15 @@ Each call is an ordinary one-token generation over the whole prompt: the caller 
 the full context every time. As vLLM (automatic prefix caching) and SGLang (radix
 cache) do, the server keeps the KV of every full block it computed and reuses the
 longest cached prefix, so a call prefills only the suffix it has not seen
-(`std_engine.py`); `--no-prefix-cache` makes it stateless, every call re-prefills its
+(`engine.py`); `--no-prefix-cache` makes it stateless, every call re-prefills its
 whole context. The normalised entropy of the next-token distribution is returned next
 to the greedy token, as a logprobs field would be; it is what an external R-Stitch
 dispatcher needs. Requests that arrive while a batch runs join the next one.
 
-    .venv/bin/python scripts/baselines/std_server.py --model DIR --port 9000
+    python -m trd.bench.std.server --model DIR --port 9000
+
+With `--port 0` it serves on a free port the OS picks and says which in `--ready-file`
+(`trd/bench/server.py` starts it so).
 """
 
 from __future__ import annotations
@@ -20,17 +23,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 from pathlib import Path
 
 import torch
 from aiohttp import web
 
+from trd.bench.std.engine import StdEngine
+from trd.bench.std.phases import Profile
 from trd.engines.spec import CPU_LINEARS, EngineSettings, EngineSpec
 from trd.policies.base import normalized_entropy
 from trd.protocol import SamplingParams
-
-from baselines.phases import Profile
-from baselines.std_engine import StdEngine
+from trd.sdnotify import write_ready_file
 
 ONE_TOKEN = SamplingParams(max_tokens=1, ignore_eos=True)
 
@@ -115,10 +119,26 @@ def make_app(engine: StdEngine) -> web.Application:
     return app
 
 
+async def serve(engine: StdEngine, port: int, ready_file: Path | None) -> None:
+    runner = web.AppRunner(make_app(engine))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    if ready_file is not None:
+        write_ready_file(ready_file, listen=f"127.0.0.1:{runner.addresses[0][1]}")
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--port", type=int, required=True, help="0: a free port (--ready-file)")
+    ap.add_argument("--ready-file", type=Path, help="once serving, {pid, listen} as JSON")
     ap.add_argument("--kv-tokens", type=int, default=65536)
     ap.add_argument("--page-size", type=int, default=16, help="tokens per KV page = cache block")
     ap.add_argument("--no-prefix-cache", action="store_true", help="re-prefill every call")
@@ -139,7 +159,7 @@ def main() -> None:
         max_batch_tokens=args.max_batch_tokens,
     )
     engine = StdEngine(spec, profile=Profile())
-    web.run_app(make_app(engine), host="127.0.0.1", port=args.port, print=None)
+    asyncio.run(serve(engine, args.port, args.ready_file))
 
 
 if __name__ == "__main__":

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trd.bench.std.phases import Profile
 from trd.engines.engine import Engine
 from trd.engines.request import Request
 from trd.engines.spec import EngineSpec
 from trd.protocol import FinishReason, SamplingParams
-
-from baselines.phases import Profile
 
 
 class StdEngine(Engine):
