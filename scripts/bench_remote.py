@@ -28,14 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_routing import make_jobs
-
 from trd.bench import server
+from trd.bench.engines import make_jobs, run_closed_loop
 from trd.bench.server import daemon_config, launch_engine_host
 from trd.bench.stats import percentile
 from trd.config import load_config
 from trd.supervisor.deployment import plan_deployment
-from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.supervisor.group import EngineGroup
 from trd.testing.netns import NetNs, why_not
 from trd.testing.tinymodels.build import ensure_models
 

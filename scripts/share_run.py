@@ -26,10 +26,9 @@ from typing import Any
 import openai
 
 from trd.bench.chat_prompts import CHAT_PROMPTS
+from trd.bench.compare.pairs import PAIRS, load_pair
+from trd.bench.compare.systems import daemon_config
 from trd.bench.server import serve_config
-
-from benchkit.pairs import PAIRS, load_pair
-from benchkit.systems import daemon_config
 
 CLIENTS = 8
 SAMPLE_S = 2.0

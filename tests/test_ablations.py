@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.bench.engines import run_closed_loop
+from trd.supervisor.group import EngineGroup
 
 from routing_cases import jobs, reference, specs
 

@@ -12,32 +12,44 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchkit.agent import (
-    SHAPES,
-    AgentShape,
-    closed_loop_conversations,
-    conversations,
-    perfect_hits,
-    scaled_shape,
-)
-from benchkit.agent_run import agent_table, read_pace, turn_log
-from benchkit.client import Record
+from trd.bench.compare.agent import SHAPES, AgentShape, conversations, perfect_hits, scaled_shape
+from trd.bench.compare.agent_run import read_pace, turn_log
+from trd.bench.compare.agent_table import agent_table
+from trd.bench.datasets import Conversation
+from trd.bench.load import TokenTarget, run_load
+from trd.bench.record import Record
 
 SHAPE = AgentShape(turns=3, system_tokens=40, tool_tokens=12, answer_tokens=5)
+COMPARE = [sys.executable, "-m", "trd.daemon", "bench", "compare"]
 
 
-async def echo(prompt: list[int], max_tokens: int) -> Record:
-    await asyncio.sleep(0)
-    out = prompt[::-1][:max_tokens]
-    return Record(prompt, 0.01, 0.02, out, ["small"] * len(out))
+class Echo(TokenTarget):
+    """Each answer: the prompt's last tokens reversed, by the small model (or the first
+    by the large one, with `large_first`)."""
+
+    def __init__(self, large_first: bool = False) -> None:
+        super().__init__(["small", "large"], SHAPE.answer_tokens)
+        self.large_first = large_first
+
+    async def generate(self, ids: list[int]) -> tuple[float, float, list[int], list[int]]:
+        await asyncio.sleep(0)
+        out = (ids if self.large_first else ids[::-1])[: self.max_tokens]
+        models = [int(self.large_first and i == 0) for i in range(len(out))]
+        return (0.25, 0.5, out, models) if self.large_first else (0.01, 0.02, out, models)
+
+
+def run(convs: list[Conversation], n: int, target: TokenTarget | None = None,
+        pace: dict[tuple[int, int], float] | None = None) -> list[Record]:  # fmt: skip
+    records, _ = asyncio.run(run_load(target or Echo(), convs, max_concurrency=n, pace=pace))
+    return records
 
 
 def test_conversations_share_the_system_prompt_and_nothing_else(
     tiny_models: dict[str, Path],
 ) -> None:
     convs = conversations(tiny_models["small"], SHAPE, 4)
-    assert len({tuple(c.system) for c in convs}) == 1 and len(convs[0].system) == 40
-    tools = [tuple(t) for c in convs for t in c.tools]
+    assert len({tuple(c.system or []) for c in convs}) == 1 and len(convs[0].system or []) == 40
+    tools = [tuple(t) for c in convs for t in c.turns]
     assert len(set(tools)) == 12 and all(len(t) == 12 for t in tools)
     assert conversations(tiny_models["small"], SHAPE, 4) == convs  # deterministic
     assert SHAPES["tiny"].longest <= 800  # the fixtures serve 1,024 tokens at most
@@ -45,20 +57,19 @@ def test_conversations_share_the_system_prompt_and_nothing_else(
 
 def test_each_turn_resends_the_whole_conversation(tiny_models: dict[str, Path]) -> None:
     convs = conversations(tiny_models["small"], SHAPE, 3)
-    turns, _ = asyncio.run(closed_loop_conversations(echo, convs, SHAPE.answer_tokens, 2))
-    for conv, got in zip(convs, turns, strict=True):
-        seq = list(conv.system)
+    records = run(convs, 2)
+    for c, conv in enumerate(convs):
+        seq: list[int] = [i for i in conv.system or [] if isinstance(i, int)]
+        got = sorted((r for r in records if r.conversation == c), key=lambda r: r.turn)
         for t, turn in enumerate(got):
-            assert turn.record.prompt == seq + conv.tools[t]
-            seq = turn.record.prompt + turn.record.token_ids
+            assert turn.prompt_ids == seq + [i for i in conv.turns[t] if isinstance(i, int)]
+            seq = (turn.prompt_ids or []) + (turn.token_ids or [])
         assert len(seq) == SHAPE.longest
 
 
 def test_perfect_hits_count_whole_blocks_seen_before(tiny_models: dict[str, Path]) -> None:
     convs = conversations(tiny_models["small"], SHAPE, 2)
-    turns, _ = asyncio.run(closed_loop_conversations(echo, convs, SHAPE.answer_tokens, 1))
-    every = [t for conv in turns for t in conv]
-    hits, asked = perfect_hits(every, page_size=8)
+    hits, asked = perfect_hits(run(convs, 1), page_size=8)
     # Conversation 0: turn 1 nothing; turns 2, 3 their previous prompt + answer (57 and
     # 74 tokens: 7 and 9 blocks). Conversation 1: turn 1 the system prompt (5 blocks).
     assert asked == 2 * (52 + 69 + 86)
@@ -68,13 +79,8 @@ def test_perfect_hits_count_whole_blocks_seen_before(tiny_models: dict[str, Path
 def test_turn_log_says_when_each_turn_was_sent_and_who_made_its_first_token(
     tiny_models: dict[str, Path],
 ) -> None:
-    async def large_first(prompt: list[int], max_tokens: int) -> Record:
-        out = prompt[:max_tokens]
-        return Record(prompt, 0.25, 0.5, out, ["large"] + ["small"] * (len(out) - 1))
-
     convs = conversations(tiny_models["small"], SHAPE, 2)
-    turns, _ = asyncio.run(closed_loop_conversations(large_first, convs, SHAPE.answer_tokens, 2))
-    log = turn_log([t for conv in turns for t in conv])
+    log = turn_log(run(convs, 2, Echo(large_first=True)))
     assert len(log) == 6 and log[0]["sent_s"] == 0.0
     assert [e["sent_s"] for e in log] == sorted(e["sent_s"] for e in log)
     assert sorted((e["conv"], e["turn"]) for e in log) == [
@@ -90,9 +96,9 @@ def test_a_paced_turn_waits_for_its_time_and_for_its_previous_answer(
 ) -> None:
     convs = conversations(tiny_models["small"], SHAPE, 2)
     pace = {(1, 0): 0.3, (0, 2): 0.2}  # conversation 1 starts late; 0's last turn waits
-    turns, _ = asyncio.run(closed_loop_conversations(echo, convs, SHAPE.answer_tokens, 2, pace))
-    start = min(t.sent for conv in turns for t in conv)
-    sent = {(t.conv, t.index): t.sent - start for conv in turns for t in conv}
+    records = run(convs, 2, pace=pace)
+    start = min(r.sent for r in records)
+    sent = {(r.conversation, r.turn): r.sent - start for r in records}
     assert sent[(1, 0)] >= 0.3 and sent[(0, 2)] >= 0.2
     assert sent[(0, 0)] < 0.1 and sent[(1, 1)] > sent[(1, 0)]
     # An earlier run's standard-serving arrivals, read back per N.
@@ -107,19 +113,17 @@ def test_a_paced_turn_waits_for_its_time_and_for_its_previous_answer(
 def test_a_pace_file_without_standard_serving_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"runs": [{"system": "tokenrouterd", "n": 4, "turn_log": []}]}))
-    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
-    argv = [sys.executable, str(bench), "--agent", "--agent-pace", str(path)]
+    argv = [*COMPARE, "--agent", "--agent-pace", str(path)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert f"--agent-pace: {path} holds no standard-serving run with a turn log" in out.stderr
 
 
 def test_a_pace_file_that_is_not_an_agent_run_is_refused_by_name(tmp_path: Path) -> None:
-    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
     for path, text in ((tmp_path / "missing.json", None), (tmp_path / "junk.json", "[1, 2]")):
         if text is not None:
             path.write_text(text)
-        argv = [sys.executable, str(bench), "--agent", "--agent-pace", str(path)]
+        argv = [*COMPARE, "--agent", "--agent-pace", str(path)]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2, out.stderr
         assert f"--agent-pace: {path} is not an agent run's JSON" in out.stderr
@@ -132,8 +136,7 @@ def test_a_pace_from_other_conversations_is_refused(
     log = [{"conv": c, "turn": t, "sent_s": 0.0} for c in (0, 1) for t in (0, 1)]
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"runs": [{"system": "std", "n": 2, "turn_log": log}]}))
-    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
-    argv = [sys.executable, str(bench), "--pair", "tiny", "--agent", "--agent-n", "2",
+    argv = [*COMPARE, "--pair", "tiny", "--agent", "--agent-n", "2",
             "--agent-turns", "3", "--agent-per-worker", "1", "--agent-pace", str(path),
             "--out", str(tmp_path / "out.json")]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -193,10 +196,8 @@ def test_a_scaled_shape_keeps_the_prompts_and_cuts_turns_and_answers() -> None:
 
 
 def test_an_unknown_agent_system_is_refused_by_name() -> None:
-    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
     argv = [
-        sys.executable,
-        str(bench),
+        *COMPARE,
         "--agent",
         "--agent-systems",
         "tokenrouterd,tokenrouterd_lpm",
@@ -211,19 +212,23 @@ def test_standard_servers_step_as_many_tokens_as_the_daemon(
 ) -> None:
     """Like for like: the standard servers ran the engine default (1,024 tokens a step)
     against the daemon's 2,048 until 2026-12-04, which shortened their prefill steps."""
-    from benchkit.systems import ENGINE, daemon_config, std_argv
+    import inspect
+
+    from trd.bench.compare.systems import daemon_config, start_std_servers
+    from trd.bench.server import std_server_argv
 
     daemon = daemon_config({"m": tiny_models["small"]}, 0.1, {}, 1024, 512)["engine"]
-    argv = std_argv(Path("/m"), 9, True, 1024, "torch", ENGINE["max_batch_tokens"])
-    given = dict(zip(argv[1::2], argv[2::2], strict=False))
+    std = inspect.signature(start_std_servers).parameters
+    argv = std_server_argv(Path("/m"), max_batch_tokens=std["max_batch_tokens"].default,
+                           threads=std["threads"].default)  # fmt: skip
+    given = dict(zip(argv[3::2], argv[4::2], strict=False))
     assert int(given["--max-batch-tokens"]) == daemon["max_batch_tokens"]
     assert int(given["--threads"]) == daemon["threads"]
-    assert "--no-prefix-cache" in std_argv(Path("/m"), 9, False, 1024, "torch", 64)
+    assert "--no-prefix-cache" in std_server_argv(Path("/m"), prefix_cache=False)
 
 
 def test_a_step_of_no_tokens_is_refused_by_name() -> None:
-    bench = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
-    argv = [sys.executable, str(bench), "--agent", "--agent-max-batch-tokens", "0"]
+    argv = [*COMPARE, "--agent", "--agent-max-batch-tokens", "0"]
     out = subprocess.run(argv, capture_output=True, text=True)
     assert out.returncode == 2
     assert "--agent-max-batch-tokens: 0 is below 1" in out.stderr

@@ -1,4 +1,4 @@
-"""The routing benchmark script end to end at a tiny size: it runs and reports sanely.
+"""`tokenrouterd bench engines` end to end at a tiny size: it runs and reports sanely.
 
 This checks the script (calibration, engine group, reference loop, JSON), it times
 nothing: the numbers of a run this small mean nothing.
@@ -21,7 +21,7 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 def bench_routing(work: Path) -> tuple[list[str], dict[str, str]]:
     args = ["--n", "1", "--max-tokens", "24", "--tau", "0.8", "--ref-requests", "1"]
     args += ["--out", str(work / "routing.json")]
-    return [sys.executable, str(SCRIPTS / "bench_routing.py"), *args], {}
+    return [sys.executable, "-m", "trd.daemon", "bench", "engines", *args], {}
 
 
 # Run from the fixture models' build on, beside the other tests (tests/background.py).
@@ -30,9 +30,9 @@ def test_bench_routing_reports_every_row(tiny_models: dict[str, Path], finished:
     out = finished.work / "routing.json"
     assert finished.returncode == 0, finished.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert [(r["n"], r["max_tokens"]) for r in result["rows"]] == [(1, 24)]
-    assert result["taus"] == {"24": 0.8}
-    for row in result["rows"]:
+    assert [(r["n"], r["max_tokens"]) for r in result["runs"]] == [(1, 24)]
+    assert result["taus"] == {"24": 0.8} and result["kind"] == "bench engines"
+    for row in result["runs"]:
         assert row["tokens"] == 8 * 24  # max(8, 2 * N) requests, ignore_eos
         assert 0.0 < row["large_fraction"] < 1.0
         assert row["handoffs_per_request"] > 0 and row["handoff_us_p50"] > 0

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from trd.bench import datasets
-from trd.bench.client import arrivals
+from trd.bench.load import arrivals
 from trd.bench.serve import main
 from trd.bench.stats import percentile, summary
 

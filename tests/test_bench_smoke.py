@@ -1,6 +1,6 @@
 """The benchmark kit end to end at a tiny size, and checks its numbers cannot flatter us.
 
-One run of `scripts/bench.py --plan smoke --pair tiny` (every system of the plan on the
+One run of `tokenrouterd bench compare --plan smoke --pair tiny` (every system of the plan on the
 fixture pair: the official loop as reference, the daemon with its runs and ceilings,
 standard serving), then:
 - every request of every system was compared with the reference, and the reference
@@ -23,20 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_report import render
 
+from trd.bench.compare.pairs import load_pair
+from trd.bench.compare.plan import PLANS
+from trd.bench.compare.plots import series_vs_n
+from trd.bench.compare.report import render
+from trd.bench.compare.runner import Bench
+from trd.bench.compare.stepcost import BATCHES, batching_bound, step_ms
+from trd.bench.compare.targets import FULL, Row, official_on, target_rows
 from trd.bench.identity import digest_ids, digest_output, identity
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
 
 import background
-from benchkit.pairs import load_pair
-from benchkit.plan import PLANS
-from benchkit.plots import series_vs_n
-from benchkit.runner import Bench
-from benchkit.stepcost import BATCHES, batching_bound, step_ms
-from benchkit.targets import FULL, Row, official_on, target_rows
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO_ROOT / ".cache"  # the fixtures' cache (tests/conftest.py)
@@ -46,7 +46,7 @@ Data = dict[str, Any]
 def smoke_run(work: Path) -> tuple[list[str], dict[str, str]]:
     argv = ["--plan", "smoke", "--pair", "tiny", "--cache-dir", str(CACHE_DIR)]
     argv += ["--out", str(work / "smoke.json")]
-    return [sys.executable, str(REPO_ROOT / "scripts/bench.py"), *argv], {
+    return [sys.executable, "-m", "trd.daemon", "bench", "compare", *argv], {
         "PYTHONPATH": str(REPO_ROOT)
     }
 
@@ -106,7 +106,7 @@ def test_the_reference_agrees_with_the_oracle(result: Data, tiny_models: dict[st
         assert result["reference"][digest_ids(prompt)][str(length)] == digest_output(
             trace.tokens, names
         )
-    assert 0 < result["runs"][0]["large_fraction"] < 1  # both models write: routing is tested
+    assert 0 < result["runs"][0]["large_share"] < 1  # both models write: routing is tested
 
 
 def test_engine_counters_agree_with_the_producers_served(result: Data) -> None:
@@ -131,10 +131,10 @@ def test_engine_counters_agree_with_the_producers_served(result: Data) -> None:
             digit = str(["small", "large"].index(name))  # producers are indices in pair order
             assert m["rows"] == m["committed"] + m["dropped_rows"], name
             assert m["committed"] == sum(p.count(digit) for p in prods), name
-            assert 0 < m["forward_s"] <= run["wall_s"], name  # an engine's forwards fit the run
+            assert 0 < m["forward_s"] <= run["duration_s"], name  # an engine's forwards fit the run
         assert c["bound"]["kind"] == "parallel"
         assert c["bound_s"] == max(small["forward_s"], large["forward_s"])
-        assert 0 < c["fraction"] <= 1 and c["ceiling_throughput"] >= run["throughput"]
+        assert 0 < c["fraction"] <= 1 and c["ceiling_throughput"] >= run["output_throughput"]
 
 
 def test_targets_are_judged_like_for_like(result: Data) -> None:
@@ -146,7 +146,7 @@ def test_targets_are_judged_like_for_like(result: Data) -> None:
     assert rows["every request identical to the reference"].verdict == "met"
 
     shifted = copy.deepcopy(result)
-    run_of(shifted, "official", "short", 1)["large_fraction"] += 0.03
+    run_of(shifted, "official", "short", 1)["large_share"] += 0.03
     row = rows_of(shifted)[f"tokenrouterd N={top} / official"]
     assert row.verdict == "not comparable" and "large-token share" in row.why
 
@@ -204,6 +204,7 @@ def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
     md3 = render(result, tmp_path / "fewer.md", extras=[fewer])
     assert f"(N={max(result['plan']['ns'])} in the main run); this plan's largest N is 1" in md3
     assert "no GPU" in md and "ran 2 time(s)" in md
+    assert "load average" in md and result["machine"]["end"]["load"]  # the result schema
     for png in ("throughput_vs_n", "efficiency_vs_length", "ablations"):
         assert (tmp_path / f"bench_{png}.png").stat().st_size > 1000
     assert [n for n, _ in series_vs_n(result["runs"])["official"]] == [1]  # measured N only
@@ -212,10 +213,10 @@ def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
     other = copy.deepcopy(result)
     chat = run_of(other, FULL, "short", 1)
     chat.update(source="chat", prompt_tokens_mean=61.4)
-    other["machine"]["gpu"] = "NVIDIA H200"
+    other["gpu"] = "NVIDIA H200"
     other["plan"]["repeats"] = 3
     for r in other["runs"]:
-        r["throughputs"] = [r["throughput"]]
+        r["throughputs"] = [r["output_throughput"]]
     md2 = render(other, tmp_path / "other.md")
     assert "GPU NVIDIA H200 present, not used" in md2 and "no GPU" not in md2
     assert "ran 3 time(s)" in md2
@@ -241,7 +242,7 @@ def test_the_batching_bound_counts_the_runs_batches_at_calibrated_costs(result: 
             )
             assert m["sampled_steps"] == m["steps"] and m["need_s"] > 0
         assert b["bound_s"] == max(m["need_s"] for m in b["models"].values())
-        assert b["fraction"] == pytest.approx(b["bound_s"] / run["wall_s"])
+        assert b["fraction"] == pytest.approx(b["bound_s"] / run["duration_s"])
 
 
 def test_the_batching_bound_is_the_cost_of_each_step() -> None:
@@ -281,16 +282,16 @@ def test_single_user_is_compared_with_the_loop_on_its_own_prompts(result: Data) 
     ref = official_on(result["runs"], one)
     assert ref is not None and ref["prompt_set"] == one["prompt_set"]
     tokens = sum(r["output_tokens"] for r in ref["records"])
-    assert ref["throughput"] == tokens / sum(r["latency"] for r in ref["records"])
+    assert ref["output_throughput"] == tokens / sum(r["latency_s"] for r in ref["records"])
     name = "tokenrouterd N=1 / official"
     assert rows_of(result)[name].verdict in {"met", "missed"}
     slow = copy.deepcopy(result)
     for r in run_of(slow, "official", "short", 1)["records"]:
-        r["latency"] = 1e6  # a loop this slow: tokenrouterd at N=1 beats it
+        r["latency_s"] = 1e6  # a loop this slow: tokenrouterd at N=1 beats it
     assert rows_of(slow)[name].verdict == "met"
     fast = copy.deepcopy(result)
     for r in run_of(fast, "official", "short", 1)["records"]:
-        r["latency"] = 1e-6
+        r["latency_s"] = 1e-6
     assert rows_of(fast)[name].verdict == "missed"
 
 

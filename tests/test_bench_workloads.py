@@ -6,15 +6,15 @@ as the daemon's /v1/chat/completions does; `--pair demo|tiny` are `trd.demo.pair
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from trd.bench.chat_prompts import CHAT_PROMPTS
+from trd.bench.compare.pairs import load_pair
+from trd.bench.compare.workloads import WORKLOADS, prompts
 from trd.frontend.tokens import PromptEncoder
-
-from benchkit.pairs import load_pair
-from benchkit.workloads import WORKLOADS, chat_prompts, prompts
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 
@@ -23,15 +23,22 @@ def test_chat_prompts_go_through_the_template_in_a_seeded_order(
     tiny_models: dict[str, Path],
 ) -> None:
     folder = tiny_models["small"]
-    every = chat_prompts(folder, seed=1, count=len(CHAT_PROMPTS))
+    chat = WORKLOADS["demo"]["short"]
+    every = prompts(folder, chat, len(CHAT_PROMPTS))
     assert len({tuple(p) for p in every}) == len(CHAT_PROMPTS) == 32
     encoder = PromptEncoder(folder)
     rendered = {tuple(encoder.chat([{"role": "user", "content": t}])) for t in CHAT_PROMPTS}
     assert {tuple(p) for p in every} == rendered
-    assert chat_prompts(folder, seed=1, count=5) == every[:5]  # a smaller run: a prefix
-    assert chat_prompts(folder, seed=2, count=5) != every[:5]
+    assert prompts(folder, chat, 5) == every[:5]  # a smaller run: a prefix
+    assert prompts(folder, replace(chat, seed=2), 5) != every[:5]
     with pytest.raises(ValueError, match="has 32 prompts, 33 asked"):
-        chat_prompts(folder, seed=1, count=33)
+        prompts(folder, chat, 33)
+
+
+def test_corpus_prompts_have_the_workloads_exact_length(tiny_models: dict[str, Path]) -> None:
+    short = WORKLOADS["tiny"]["short"]
+    got = prompts(tiny_models["small"], short, 3)
+    assert [len(p) for p in got] == [short.prompt_tokens] * 3 and len(set(map(tuple, got))) == 3
 
 
 def test_the_real_tokenizer_frames_each_chat_prompt() -> None:

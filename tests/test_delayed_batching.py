@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from trd.bench.engines import run_closed_loop
 from trd.engines.launch import BARRIER_POLL_S, BarrierRule, LaunchRule, make_launch_rule
 from trd.engines.spec import BatchingSettings, EngineSpec
 from trd.ipc.counters import Counters
-from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.supervisor.group import EngineGroup
 
 from routing_cases import jobs, reference, specs
 

@@ -33,6 +33,7 @@ import pytest
 import yaml
 from transformers import AutoTokenizer
 
+from trd.bench.engines import run_closed_loop
 from trd.bench.server import Server, launch_engine_host
 from trd.cli import format_status
 from trd.config import load_config
@@ -41,7 +42,7 @@ from trd.protocol import SamplingParams
 from trd.remote.handshake import Hello, Refused, connect
 from trd.remote.spec import RemoteSpec
 from trd.supervisor.deployment import plan_deployment
-from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.supervisor.group import EngineGroup
 from trd.testing.netns import NetNs, why_not
 from trd.testing.reference import ReferenceRouter
 from trd.testing.wiring import check_fed

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
+from trd.bench.engines import run_closed_loop
 from trd.models.checkpoint import CheckpointError
 from trd.policies.heads import save_random_head
 from trd.protocol import FinishReason, SamplingParams
-from trd.supervisor.group import EngineGroup, EngineStartError, run_closed_loop
+from trd.supervisor.group import EngineGroup, EngineStartError
 from trd.testing.wiring import check_fed
 
 from routing_cases import GLIMP, MODEL_SETS, cache_hits, fresh_stats, jobs, reference, specs

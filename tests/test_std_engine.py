@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from trd.bench.compare import workloads
 from trd.bench.std.engine import StdEngine
 from trd.bench.std.phases import Profile
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
-
-from benchkit import workloads
 
 ONE_TOKEN = SamplingParams(max_tokens=1, ignore_eos=True)
 PAGE = 16

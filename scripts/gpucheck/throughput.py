@@ -17,10 +17,11 @@ from typing import Any
 
 from gpucheck.common import DEVICE, DRY_RUN, DTYPE, dump, first_mismatch, log, model_path
 from gpucheck.routing import expected_tokens
+from trd.bench.engines import run_closed_loop
 from trd.engines.spec import EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.supervisor.group import EngineGroup
 
 LEVELS = (1, 2) if DRY_RUN else (1, 16)
 SCHEDULE = [0, 0, 0, 1]  # the large model makes 25% of the tokens

@@ -1,4 +1,4 @@
-"""The one load client: streamed OpenAI-compatible requests, timed, closed or open loop.
+"""The one load client: streamed OpenAI-compatible requests, timed (`load.py` sends them).
 
 Each request streams (`stream: true`, usage in the last chunk) from `/v1/chat/completions`
 or `/v1/completions` and is timed as vLLM's `bench serve` times it:
@@ -18,99 +18,24 @@ with its own usage fails that request (a field that lies must not be measured).
 `extra_body` (`--extra-body JSON`) is merged into every request's body last: a server's
 own fields, e.g. tokenrouterd's `{"routing": {"large_share": 0.2}, "priority": 1}`.
 
-Load: conversations start in the dataset's order. Closed loop: `max_concurrency` N keeps
-N conversations in flight, a finished one replaced at once by the next. Open loop:
-`request_rate` R starts conversations at Poisson arrivals (exponential gaps of mean 1/R
-from a seeded generator), with `max_concurrency` as a cap when both are given. Within a
-conversation each turn is sent when the previous answer is in, with the answers so far
-(`datasets.Conversation`).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import itertools
 import json
-import math
-import random
-import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from tqdm import tqdm
 
-from trd.bench.datasets import Conversation, Part
-from trd.bench.identity import digest_ids, digest_output, digest_text
+from trd.bench.datasets import Conversation
+from trd.bench.record import Record, chat_messages, completion_prompt, digest_prompt
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-
-
-@dataclass
-class Record:
-    """One request: what was sent, when, and what came back."""
-
-    conversation: int
-    turn: int
-    prompt: str  # digest of the prompt as sent (token ids or text)
-    sent: float  # seconds after the run's start
-    ttft: float | None = None
-    latency: float | None = None
-    itl: list[float] = field(default_factory=list)
-    prompt_tokens: int | None = None  # the server's usage
-    output_tokens: int = 0
-    counted_by: str = "usage"  # or "token_ids", "chunks": where output_tokens came from
-    text: str = ""
-    token_ids: list[int] | None = None
-    models: list[str] | None = None  # producer of each output token (ours)
-    tokens_per_model: dict[str, int] | None = None  # the server's usage, in its models' order
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def tpot(self) -> float | None:
-        if self.ttft is None or self.latency is None or self.output_tokens < 2:
-            return None
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-    @property
-    def handoffs(self) -> int | None:
-        """Changes of producing model between consecutive output tokens."""
-        return (
-            None if self.models is None else sum(a != b for a, b in itertools.pairwise(self.models))
-        )
-
-    @property
-    def output(self) -> str | None:
-        """Identity digest: the output token ids AND the model that produced each."""
-        if self.token_ids is None or self.models is None:
-            return None
-        return digest_output(self.token_ids, self.models)
-
-    def to_dict(self) -> dict[str, Any]:
-        """What the JSON keeps: timings, counts, digests (ids and text stay in memory),
-        and the producers as one digit a token, the model's index in tokens_per_model."""
-        names = list(self.tokens_per_model or {})
-        producers = None
-        if self.models is not None and set(self.models) <= set(names):
-            producers = "".join(str(names.index(m)) for m in self.models)
-        return {
-            "conversation": self.conversation, "turn": self.turn, "prompt": self.prompt,
-            "sent_s": self.sent, "ttft_s": self.ttft, "latency_s": self.latency,
-            "tpot_s": self.tpot, "itl_s": [round(x, 6) for x in self.itl],
-            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-            "counted_by": self.counted_by, "text": digest_text(self.text),
-            "output": self.output, "producers": producers,
-            "tokens_per_model": self.tokens_per_model, "handoffs": self.handoffs,
-            "error": self.error,
-        }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,31 +110,20 @@ class Client:
             body["prompt"] = completion_prompt(conv, turn, answers)
         return {**body, **s.extra_body}
 
-    async def conversation(
-        self, index: int, conv: Conversation, start: float, bar: tqdm[Any] | None = None,
-        pace: Mapping[tuple[int, int], float] | None = None,
-    ) -> list[Record]:  # fmt: skip
-        """Every turn of `conv`, each sent once the previous answer is in (and, with
-        `pace`, not before its time in it); stops at a failed turn."""
-        records: list[Record] = []
-        for turn in range(len(conv.turns)):
-            wait = start + (pace or {}).get((index, turn), 0.0) - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            try:
-                body = self.body(conv, turn, records)
-            except ValueError as exc:
-                records.append(Record(index, turn, "", time.perf_counter() - start, error=str(exc)))
-                break
-            prompt = body.get("prompt", body.get("messages"))
-            record = Record(index, turn, digest_prompt(prompt), time.perf_counter() - start)
-            await self.send(body, record)
-            records.append(record)
-            if bar is not None:
-                bar.update()
-            if not record.ok:
-                break
-        return records
+    async def turn(
+        self, conv: Conversation, turn: int, answers: Sequence[Record], rec: Record
+    ) -> None:
+        """Send turn `turn` of `conv` and stream its answer into `rec`."""
+        try:
+            body = self.body(conv, turn, answers)
+        except ValueError as exc:
+            rec.error = str(exc)
+            return
+        prompt = body.get("prompt", body.get("messages"))
+        rec.prompt = digest_prompt(prompt)
+        if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
+            rec.prompt_ids = prompt
+        await self.send(body, rec)
 
     async def send(self, body: dict[str, Any], rec: Record) -> None:
         """Stream one request into `rec` (its error set if it failed)."""
@@ -288,84 +202,3 @@ class Client:
             said = {k: v for k, v in rec.tokens_per_model.items() if v}
             if dict(Counter(rec.models)) != said:
                 rec.error = f"token_models count {dict(Counter(rec.models))}, usage says {said}"
-
-
-def chat_messages(conv: Conversation, turn: int, answers: Sequence[Record]) -> list[dict[str, str]]:
-    parts = [conv.system, *conv.turns[: turn + 1]]
-    if any(isinstance(p, list) for p in parts):
-        raise ValueError("token-id prompts go to --endpoint completions, not chat")
-    msgs = [{"role": "system", "content": str(conv.system)}] if conv.system is not None else []
-    for t in range(turn + 1):
-        msgs.append({"role": "user", "content": str(conv.turns[t])})
-        if t < turn:
-            msgs.append({"role": "assistant", "content": answers[t].text})
-    return msgs
-
-
-def completion_prompt(conv: Conversation, turn: int, answers: Sequence[Record]) -> Part:
-    """System, turns and answers joined: token ids when the parts are ids (each answer's
-    ids, which the server must have returned), else text, parts on lines of their own."""
-    parts: list[Part] = [] if conv.system is None else [conv.system]
-    for t in range(turn + 1):
-        parts.append(conv.turns[t])
-        if t < turn:
-            ids = answers[t].token_ids
-            if isinstance(conv.turns[t], list) and ids is None:
-                raise ValueError("a token-id conversation needs the server to return the "
-                                 "answers' token ids (return_token_ids)")  # fmt: skip
-            parts.append(ids if isinstance(conv.turns[t], list) and ids is not None
-                         else answers[t].text)  # fmt: skip
-    id_parts = [p for p in parts if isinstance(p, list)]
-    if len(id_parts) == len(parts):
-        return [i for p in id_parts for i in p]
-    if id_parts:
-        raise ValueError("a conversation mixes text and token ids")
-    return "\n".join(str(p) for p in parts) if len(parts) > 1 else str(parts[0])
-
-
-def digest_prompt(prompt: Any) -> str:
-    if isinstance(prompt, list) and all(isinstance(i, int) for i in prompt):
-        return digest_ids(prompt)
-    return digest_text(
-        json.dumps(prompt, sort_keys=True) if not isinstance(prompt, str) else prompt
-    )
-
-
-def arrivals(count: int, rate: float, seed: int) -> list[float]:
-    """Start times (seconds) of `count` conversations: all at 0 for an infinite rate, else
-    a Poisson process of `rate` per second from `seed` (the first at 0)."""
-    if math.isinf(rate):
-        return [0.0] * count
-    rng, t, out = random.Random(seed), 0.0, []
-    for _ in range(count):
-        out.append(t)
-        t += rng.expovariate(rate)
-    return out
-
-
-async def run_load(
-    client: Client, convs: Sequence[Conversation], *, max_concurrency: int | None = None,
-    request_rate: float = math.inf, seed: int = 0, label: str = "",
-    pace: Mapping[tuple[int, int], float] | None = None,
-) -> tuple[list[Record], float]:  # fmt: skip
-    """Every conversation under the load described in the module docstring; the records
-    (conversation by conversation, turn by turn) and the run's wall time."""
-    starts = arrivals(len(convs), request_rate, seed)
-    gate = asyncio.Semaphore(max_concurrency or len(convs) or 1)
-    total = sum(len(c.turns) for c in convs)
-    bar = tqdm(total=total, desc=label, unit="req", leave=False, dynamic_ncols=True,
-               file=sys.stderr)  # fmt: skip
-
-    async def one(i: int) -> list[Record]:
-        delay = start + starts[i] - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        async with gate:
-            return await client.conversation(i, convs[i], start, bar, pace)
-
-    start = time.perf_counter()
-    try:
-        done = await asyncio.gather(*(one(i) for i in range(len(convs))))
-    finally:
-        bar.close()
-    return [r for records in done for r in records], time.perf_counter() - start

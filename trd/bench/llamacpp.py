@@ -130,6 +130,7 @@ class LlamaSystem:
     parallel: int = 1
     threads: int = os.cpu_count() or 1
     context: int = 2048  # tokens per slot
+    port: int = 0  # 0: a free port, reported in its log ("listening on ...")
 
     @property
     def name(self) -> str:
@@ -138,7 +139,7 @@ class LlamaSystem:
 
     def argv(self, ggufs: dict[str, Path], base: Path | None = None) -> list[str]:
         argv = [str(binary("llama-server", base)), "-m", str(ggufs[self.model]),
-                "--alias", self.model, "--host", "127.0.0.1", "--port", "0",
+                "--alias", self.model, "--host", "127.0.0.1", "--port", str(self.port),
                 "--parallel", str(self.parallel), "--ctx-size", str(self.context * self.parallel),
                 "--threads", str(self.threads), "--threads-batch", str(self.threads)]  # fmt: skip
         if self.draft:
@@ -186,13 +187,14 @@ def main(argv: list[str]) -> int:
     serve.add_argument("--model", choices=("small", "large"), default="large")
     serve.add_argument("--draft", choices=("small",), help="speculative decoding's draft model")
     serve.add_argument("--parallel", type=int, default=1, help="slots (requests at once)")
+    serve.add_argument("--port", type=int, default=0, help="default 0: any free port")
     serve.add_argument("--folder", type=Path, default=Path("."), help="for its log")
     args = p.parse_args(argv)
     try:
         if args.what == "build":
             print(f"llama.cpp: {build()}")
             return 0
-        system = LlamaSystem(args.model, args.draft, args.parallel)
+        system = LlamaSystem(args.model, args.draft, args.parallel, port=args.port)
         server = start(system, args.folder).up(600)
     except LlamaCppError as exc:
         print(f"tokenrouterd bench llamacpp: {exc}", file=sys.stderr)

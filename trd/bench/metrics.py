@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from trd.bench.client import Record
+from trd.bench.record import Record
 from trd.bench.stats import summary
 
 

@@ -112,6 +112,10 @@ class Result:
     def run(self, run: dict[str, Any]) -> None:
         self.body["runs"].append(run)
 
+    def add(self, **fields: Any) -> None:
+        """Keys of this kind of result (`runs` and `systems` replace the lists so far)."""
+        self.body.update(fields)
+
     def finish(self) -> dict[str, Any]:
         self.body["machine"]["end"] = load_now()
         self.body["finished"] = _now()

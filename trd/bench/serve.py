@@ -24,14 +24,8 @@ from typing import Any
 import aiohttp
 
 from trd.bench import datasets
-from trd.bench.client import (
-    ENDPOINTS,
-    Client,
-    Settings,
-    add_extra_body_arg,
-    run_load,
-    served_model,
-)
+from trd.bench.client import ENDPOINTS, Client, Settings, add_extra_body_arg, served_model
+from trd.bench.load import run_load
 from trd.bench.metrics import summarize
 from trd.bench.result import Result
 

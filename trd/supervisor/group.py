@@ -325,34 +325,3 @@ class EngineGroup:
     def sentinels(self) -> list[int]:
         """Readable when the corresponding engine process exits."""
         return [p.sentinel for p in self.procs]
-
-
-def run_closed_loop(
-    group: EngineGroup,
-    jobs: Sequence[tuple[Sequence[int], SamplingParams]],
-    concurrency: int,
-    timeout: float = 600.0,
-) -> list[Generation]:
-    """Keep `concurrency` jobs in flight (a finished one is replaced at once); in job order.
-
-    A job is complete when its tokens are in and every engine that held it has
-    reported freeing it (so per-engine work counts are final).
-    """
-    results: list[Generation | None] = [None] * len(jobs)
-    inflight: dict[int, int] = {}
-    nxt = 0
-    deadline = time.monotonic() + timeout
-    while nxt < len(jobs) or inflight:
-        while nxt < len(jobs) and len(inflight) < concurrency:
-            inflight[group.submit(*jobs[nxt]).rid] = nxt
-            nxt += 1
-        group.set_active(len(inflight))
-        group.pump(timeout=0.05)
-        for rid in list(inflight):
-            gen = group.gens[rid]
-            if gen.complete and (gen.all_done or gen.error):
-                group.forget(rid)
-                results[inflight.pop(rid)] = gen
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(inflight)} requests still in flight after {timeout} s")
-    return [r for r in results if r is not None]

@@ -37,9 +37,11 @@ from typing import Any
 
 import aiohttp
 
-from trd.bench.client import Client, Record, Settings, run_load
+from trd.bench.client import Client, Settings
 from trd.bench.datasets import Conversation
+from trd.bench.load import run_load
 from trd.bench.metrics import summarize
+from trd.bench.record import Record
 from trd.bench.result import Result
 from trd.evals import server
 from trd.evals.humaneval import problems, sandbox

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from trd.bench.client import Record
+from trd.bench.record import Record
 
 
 class Sink:

@@ -25,11 +25,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from trd.bench.engines import run_closed_loop
 from trd.engines.spec import EngineSpec
 from trd.evals.inprocess import response_nll
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
-from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.supervisor.group import EngineGroup
 
 Job = tuple[list[int], SamplingParams]
 CONFIRM_S = 30.0

@@ -39,9 +39,11 @@ from typing import Any
 
 import aiohttp
 
-from trd.bench.client import Client, Record, Settings, base_url, run_load
+from trd.bench.client import Client, Settings, base_url
 from trd.bench.datasets import Conversation
+from trd.bench.load import run_load
 from trd.bench.metrics import summarize
+from trd.bench.record import Record
 from trd.bench.result import Result
 from trd.evals import server
 from trd.evals.server import add_server_args, check_server_args, percent

@@ -1,4 +1,5 @@
-"""Benchmark token routing across engine processes against the reference loop.
+"""`tokenrouterd bench engines`: token routing across engine processes (no HTTP, no
+daemon) against the reference loop; `run_closed_loop` drives an engine group.
 
 Closed loop: N requests in flight (a finished one is replaced at once) over the
 small+large fixtures with R-Stitch; for each output length the threshold is bisected
@@ -8,7 +9,7 @@ token fraction, handoffs per request, handoff latency (send -> runnable on the p
 excluding time the peer was still busy with a step of its own: forward, routing and
 sends), and the reference loop's tokens/s on the same workload.
 
-    .venv/bin/python scripts/bench_routing.py [--n 1,4,16] [--max-tokens 128,512]
+    tokenrouterd bench engines [--n 1,4,16] [--max-tokens 128,512] [--out FILE]
 
 `--thresholds` then runs N=16 twice more with the same requests: once with all
 delayed-batching thresholds at 1, then with the Markov model's recommendation computed
@@ -19,8 +20,9 @@ per-request TPOT of both.
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +30,14 @@ import torch
 from tokenizers import Tokenizer
 
 from trd.batching.live import recommend_live
+from trd.bench.result import Result
 from trd.bench.stats import percentile
 from trd.engines.spec import BatchingSettings, EngineSpec
 from trd.evals.calibrate import bisect
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.supervisor.generation import Generation
-from trd.supervisor.group import EngineGroup, run_closed_loop
+from trd.supervisor.group import EngineGroup
 from trd.testing.reference import ReferenceRouter
 from trd.testing.tinymodels.build import ensure_models
 from trd.testing.tinymodels.corpus import corpus
@@ -49,6 +52,37 @@ def make_jobs(tok_dir: Path, count: int, max_tokens: int, prompt_len: int = 64) 
     docs = [d for d in corpus("heldout") if len(d) > 4 * prompt_len]
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return [(tok.encode(docs[i % len(docs)]).ids[:prompt_len], params) for i in range(count)]
+
+
+def run_closed_loop(
+    group: EngineGroup,
+    jobs: Sequence[tuple[Sequence[int], SamplingParams]],
+    concurrency: int,
+    timeout: float = 600.0,
+) -> list[Generation]:
+    """Keep `concurrency` jobs in flight (a finished one is replaced at once); in job order.
+
+    A job is complete when its tokens are in and every engine that held it has
+    reported freeing it (so per-engine work counts are final).
+    """
+    results: list[Generation | None] = [None] * len(jobs)
+    inflight: dict[int, int] = {}
+    nxt = 0
+    deadline = time.monotonic() + timeout
+    while nxt < len(jobs) or inflight:
+        while nxt < len(jobs) and len(inflight) < concurrency:
+            inflight[group.submit(*jobs[nxt]).rid] = nxt
+            nxt += 1
+        group.set_active(len(inflight))
+        group.pump(timeout=0.05)
+        for rid in list(inflight):
+            gen = group.gens[rid]
+            if gen.complete and (gen.all_done or gen.error):
+                group.forget(rid)
+                results[inflight.pop(rid)] = gen
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(inflight)} requests still in flight after {timeout} s")
+    return [r for r in results if r is not None]
 
 
 def calibrate(paths: list[Path], max_tokens: int, target: float) -> tuple[float, float]:
@@ -120,8 +154,9 @@ def run_reference(paths: list[Path], tau: float, jobs: list[Job]) -> dict[str, A
     return {"tok_s": sum(len(t.tokens) for t in traces) / wall, "requests": len(jobs)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tokenrouterd bench engines", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
     ap.add_argument("--n", default="1,4,16", help="closed-loop concurrency levels")
     ap.add_argument("--max-tokens", default="128,512", help="output lengths")
     ap.add_argument("--requests", type=int, default=2, help="requests per unit of N (min 8)")
@@ -131,8 +166,10 @@ def main() -> None:
     ap.add_argument("--tau", type=float, help="use this R-Stitch threshold, no calibration")
     ap.add_argument("--ref-requests", type=int, default=3, help="requests for the reference")
     ap.add_argument("--thresholds", action="store_true", help="compare Markov thresholds at N=16")
-    ap.add_argument("--out", type=Path, default=Path("bench_results/routing.json"))
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=Path("results/engines.json"))
+    args = ap.parse_args(argv)
+    command = ["tokenrouterd", "bench", "engines", *(sys.argv[3:] if argv is None else argv)]
+    out = Result("bench engines", command)
     torch.set_num_threads(1)
     models = ensure_models(names=("small", "large"))
     paths = [models["small"], models["large"]]
@@ -179,10 +216,11 @@ def main() -> None:
             print(f"N=16 {label:12} {r['tok_s']:8.1f} tok/s  TPOT p50 {r['tpot_ms_p50']:.2f} ms")
         print(f"recommended table {cmp['recommended_table']}, "
               f"ratio {cmp['throughput_ratio']:.3f}")  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"taus": taus, "rows": rows, "thresholds": cmp}
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"rstitch tau per output length {taus}; wrote {args.out}")
+    out.system("engines", {"models": {"small": str(paths[0]), "large": str(paths[1])},
+                           "policy": "rstitch", "kv_tokens": 65536, "threads": 1})  # fmt: skip
+    out.add(taus=taus, runs=rows, thresholds=cmp)
+    print(f"rstitch tau per output length {taus}; wrote {out.write(args.out)}")
+    return 0
 
 
 def rstitch_specs(paths: list[Path], tau: float) -> list[EngineSpec]:
@@ -207,7 +245,3 @@ def print_row(r: dict[str, Any]) -> None:
         f"{r['reference_tok_s']:9.1f} {r['speedup_vs_reference']:7.1f}",
         flush=True,
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
-"""Does the prefix cache (or prefill ahead) slow down a workload it cannot help? A paired
-A/B on one host.
+"""`tokenrouterd bench ab --lever L`: does the prefix cache (or prefill ahead) slow down a
+workload it cannot help? A paired A/B on one host.
 
 Two daemons on the same pair run side by side, one with the lever off: `--lever
 prefix_cache` (the default) compares the cache on against `prefix_cache: false`;
@@ -15,30 +14,29 @@ Each round's TTFT p50 of both daemons is kept too (what prefill ahead is for), a
 many of its requests the large model started (`large_first`: prefill ahead costs the
 large model a prefill for each of the others).
 
-    .venv/bin/python scripts/prefix_cache_ab.py --pair tiny --rounds 16 --out ab.json
+    tokenrouterd bench ab --pair tiny --rounds 16 --out ab.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
-import statistics
+import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
 
+from trd.bench.compare.pairs import DEFAULT_TAU, PAIRS, load_pair
+from trd.bench.compare.runner import Bench
+from trd.bench.compare.systems import daemon_config, daemon_target
+from trd.bench.compare.workloads import prompts
+from trd.bench.result import Result
 from trd.bench.server import Daemon, serve_config
-
-from benchkit.client import OpenAIClient
-from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
-from benchkit.systems import daemon_config
-from benchkit.workloads import prompts
+from trd.bench.stats import percentile
 
 N = 16
 KV_TOKENS = N * 1400  # room for about four rounds: the pool fills with cached blocks
@@ -58,12 +56,11 @@ class Round(NamedTuple):
 
 
 async def once(session: aiohttp.ClientSession, url: str, jobs: list[list[int]], n: int) -> Round:
-    send = OpenAIClient(session, url, "small+large").send
-    started = time.perf_counter()
-    records = await asyncio.gather(*(send(p, n) for p in jobs))
-    rate = sum(r.output_tokens for r in records) / (time.perf_counter() - started)
-    large_first = sum(r.models[:1] == ["large"] for r in records)
-    return Round(rate, statistics.median(r.ttft for r in records), large_first)
+    """Every job at once (`n` tokens each) against the daemon at `url`."""
+    records, wall = await Bench.load(daemon_target(session, url, n), jobs, len(jobs), url)
+    rate = sum(r.output_tokens for r in records) / wall
+    large_first = sum((r.models or [])[:1] == ["large"] for r in records)
+    return Round(rate, percentile((r.ttft or 0.0 for r in records), 50), large_first)
 
 
 async def rounds(
@@ -92,7 +89,7 @@ async def rounds(
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def spread(key: str) -> dict[str, float]:
         values = [r[key] for r in rows]
-        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        return {"median": percentile(values, 50), "min": min(values), "max": max(values)}
 
     return {
         **{k: spread(k) for k in ("on", "off", "ratio", "ttft_on", "ttft_off", "ttft_ratio")},
@@ -101,10 +98,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tokenrouterd bench ab", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--pair", choices=PAIRS, default="tiny")
     ap.add_argument("--lever", choices=LEVERS, default="prefix_cache",
                     help="the engine setting the two daemons differ in")  # fmt: skip
@@ -114,7 +110,9 @@ def main() -> None:
                     help="the models' dtype (two float32 daemons of the demo pair need "
                          "about 27 GiB)")  # fmt: skip
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    command = ["tokenrouterd", "bench", "ab", *(sys.argv[3:] if argv is None else argv)]
+    result = Result("bench ab", command)
     if args.rounds < 1 or (args.max_tokens is not None and args.max_tokens < 1):
         ap.error("--rounds and --max-tokens must be at least 1")
     pair = load_pair(args.pair)
@@ -132,26 +130,23 @@ def main() -> None:
                 pair.models, DEFAULT_TAU[args.pair], engine, KV_TOKENS, CONTEXT, args.dtype
             )
             print(f"starting the {args.lever}-{name} daemon (logs in {logs})", flush=True)
+            result.system(f"{args.lever}_{name}", cfg)
             daemons[name] = serve_config(f"{args.lever}_{name}", cfg, logs)
         urls = {name: d.url for name, d in daemons.items()}
         rows = asyncio.run(rounds(urls, pool, args.rounds, max_tokens))
     finally:
         for d in daemons.values():
             d.stop()
-    result = {"lever": args.lever, "pair": args.pair, "dtype": args.dtype, "n": N,
-              "prompt_tokens": work.prompt_tokens,
-              "max_tokens": max_tokens, "rows": rows,
-              "summary": summary(rows)}  # fmt: skip
-    s, ratio = result["summary"], result["summary"]["ratio"]
+    result.add(lever=args.lever, pair=args.pair, dtype=args.dtype, n=N,
+               prompt_tokens=work.prompt_tokens, max_tokens=max_tokens, runs=rows,
+               summary=summary(rows))  # fmt: skip
+    s = summary(rows)
+    ratio = s["ratio"]
     ttft = s["ttft_ratio"]
     print(f"{args.lever} on/off: tok/s median {ratio['median']:.3f} "
           f"[{ratio['min']:.3f}, {ratio['max']:.3f}], on faster in {s['on_faster']} of "
           f"{s['rounds']} rounds; TTFT p50 median {ttft['median']:.3f} "
           f"[{ttft['min']:.3f}, {ttft['max']:.3f}]")  # fmt: skip
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+        print(f"wrote {result.write(args.out)}")
+    return 0

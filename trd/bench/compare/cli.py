@@ -1,4 +1,5 @@
-"""Benchmark tokenrouterd against the baselines a user would pick instead -> JSON.
+"""`tokenrouterd bench compare`: tokenrouterd against the baselines a user would pick
+instead, on systems it starts itself -> one result JSON.
 
 Systems, all on the same pair (small + large, float32), the same R-Stitch threshold
 and the same greedy requests (EOS ignored):
@@ -20,19 +21,19 @@ real pair, chat prompts; the report's main table) or `--pair tiny` (the fixtures
 quicker second table). The report (the real pair's `pair` plan takes about an hour on
 2 cores; its `full` plan, many hours):
 
-    .venv/bin/python scripts/bench.py --pair demo --plan pair --out bench_results/demo.json
-    .venv/bin/python scripts/bench.py --pair tiny --out bench_results/tiny.json
-    .venv/bin/python scripts/bench_report.py bench_results/demo.json \\
-        --tiny bench_results/tiny.json --sections docs/benchmark_sections.md
+    tokenrouterd bench compare --pair demo --plan pair --out results/demo.json
+    tokenrouterd bench compare --pair tiny --out results/tiny.json
+    tokenrouterd bench report results/demo.json --tiny results/tiny.json \\
+        --sections docs/benchmark_sections.md
 
-`--agent` runs only the agent-trajectory workload (`benchkit/agent.py`: multi-turn
+`--agent` runs only the agent-trajectory workload (`agent.py`: multi-turn
 conversations resending all so far; tokenrouterd with its prefix cache on and off,
 standard serving, the official loop) and prints its table. On the demo pair on a CPU
 the full shape (6 turns of 128 tokens at N = 4, 16) takes hours; a smaller run keeps the
 prompts' shape and cuts turns, answers and N:
 
-    .venv/bin/python scripts/bench.py --pair demo --agent --agent-n 4 --agent-turns 3 \
-        --agent-answer 32 --out bench_results/agent-demo.json
+    tokenrouterd bench compare --pair demo --agent --agent-n 4 --agent-turns 3 \
+        --agent-answer 32 --out results/agent-demo.json
 
 `--agent-pace JSON` replays standard serving's send times from such a run (same N, turns
 and conversations), so a system is measured at that offered load instead of its own.
@@ -42,28 +43,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from benchkit.agent import scaled_shape
-from benchkit.agent_run import DEFAULT_SYSTEMS, SYSTEMS, AgentBench, agent_table, read_pace
-from benchkit.pairs import DEFAULT_TAU, PAIRS, load_pair
-from benchkit.plan import PLANS
-from benchkit.runner import Bench
-from benchkit.systems import ENGINE
+from trd.bench import llamacpp
+from trd.bench.compare.agent import scaled_shape
+from trd.bench.compare.agent_run import DEFAULT_SYSTEMS, SYSTEMS, AgentBench, read_pace
+from trd.bench.compare.agent_table import agent_table
+from trd.bench.compare.baseline import BASELINES, run_baseline
+from trd.bench.compare.pairs import DEFAULT_TAU, PAIRS, load_pair
+from trd.bench.compare.plan import PLANS
+from trd.bench.compare.runner import Bench
+from trd.bench.compare.systems import ENGINE
+from trd.bench.result import Result
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--plan", choices=sorted(PLANS), default="full")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tokenrouterd bench compare", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
+    ap.add_argument("--plan", choices=sorted([*PLANS, *BASELINES]), default="full",
+                    help="baseline: the demo pair beside llama-server (baseline.py); the "
+                    "others: plan.py")  # fmt: skip
     ap.add_argument("--pair", choices=PAIRS, default="demo")
     ap.add_argument("--tau", type=float, help="R-Stitch entropy threshold (default: the pair's)")
     ap.add_argument("--cache-dir", type=Path, help="fixture model cache (default: ~/.cache)")
-    ap.add_argument("--out", type=Path, default=Path("bench_results/all.json"))
+    ap.add_argument("--out", type=Path, default=Path("results/compare.json"))
     ap.add_argument("--agent", action="store_true", help="only the agent-trajectory workload")
     ap.add_argument(
         "--agent-n", type=int, nargs="+", default=[4, 16], help="agent: conversations in flight"
@@ -92,7 +98,15 @@ def main() -> None:
         help="agent: send no turn before standard serving sent it in this earlier agent run "
              "(same N), so each system meets the same offered load, not a closed loop's own",
     )  # fmt: skip
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    command = ["tokenrouterd", "bench", "compare", *(sys.argv[3:] if argv is None else argv)]
+    if args.plan in BASELINES:
+        try:
+            run_baseline(args.plan, "tiny" if args.pair == "tiny" else "qwen", args.out,
+                         args.cache_dir, command)  # fmt: skip
+        except llamacpp.LlamaCppError as exc:
+            ap.error(str(exc))
+        return 0
     systems = args.agent_systems.split(",")
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
@@ -108,11 +122,14 @@ def main() -> None:
     if args.agent_max_batch_tokens < 1:
         ap.error(f"--agent-max-batch-tokens: {args.agent_max_batch_tokens} is below 1")
     torch.set_num_threads(1)  # the engines under test need the other cores
+    result = Result("bench compare", command)
     pair = load_pair(args.pair, args.cache_dir)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     logs = args.out.parent / f"logs-{args.pair}"
     logs.mkdir(exist_ok=True)
     tau = DEFAULT_TAU[args.pair] if args.tau is None else args.tau
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    result.add(torch=torch.__version__, gpu=gpu)  # a GPU present is not used: device cpu
     if args.agent:
         shape = scaled_shape(pair.name, args.agent_turns, args.agent_answer)
         try:
@@ -129,19 +146,12 @@ def main() -> None:
         except ValueError as exc:
             ap.error(str(exc))
         agent = asyncio.run(bench_agent.run_all(systems))
-        args.out.write_text(json.dumps(agent, indent=1))
+        result.add(**agent, systems=bench_agent.systems)
+        result.write(args.out)
         print("\n".join(agent_table(agent)))
-        return
+        return 0
     bench = Bench(PLANS[args.plan], pair, tau, logs)
-    result: dict[str, Any] = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "plan_name": args.plan,
-        "tau": tau,
-        **asyncio.run(bench.run_all()),
-    }
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()
+    data = asyncio.run(bench.run_all())
+    result.add(plan_name=args.plan, tau=tau, **data, systems=bench.systems)
+    print(f"wrote {result.write(args.out)}")
+    return 0

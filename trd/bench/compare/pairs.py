@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trd.bench.compare.workloads import WORKLOADS, Workload
 from trd.demo.pair import RSTITCH_TAU, ensure_demo_pair
 from trd.models.checkpoint import read_checkpoint
-
-from benchkit.workloads import WORKLOADS, Workload
 
 PAIRS = ("demo", "tiny")
 # The bench's pair names -> `trd.demo.pair`'s (whose R-Stitch thresholds give the large

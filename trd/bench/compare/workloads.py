@@ -4,8 +4,8 @@
         short  prompt 100 tokens, max output 256
         long   prompt 100 tokens, output lengths swept up to 2048
         agent  prompt 1500 tokens, max output 256
-    demo (the real pair; the chat prompts of `chat_prompts.py` through the model's own
-          chat template, as the daemon renders /v1/chat/completions)
+    demo (the real pair; the chat prompts of `trd/bench/chat_prompts.py` through the
+          model's own chat template, as the daemon renders /v1/chat/completions)
         short  max output 256
         long   output lengths swept up to 2048
 
@@ -17,16 +17,12 @@ ignored: every request produces exactly `max_tokens` tokens.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from tokenizers import Tokenizer
-
-from trd.bench.chat_prompts import CHAT_PROMPTS
+from trd.bench import datasets
 from trd.frontend.tokens import PromptEncoder
-from trd.testing.tinymodels.corpus import corpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,33 +51,12 @@ WORKLOADS: dict[str, dict[str, Workload]] = {
 
 
 def prompts(tokenizer_dir: Path, workload: Workload, count: int) -> list[list[int]]:
-    """The workload's first `count` prompts, as token ids."""
+    """The workload's first `count` prompts, as token ids (`trd.bench.datasets`' chat and
+    random sets, the chat ones rendered through the model's template)."""
     if workload.source == "chat":
-        return chat_prompts(tokenizer_dir, workload.seed, count)
-    return corpus_prompts(tokenizer_dir, workload, count)
-
-
-def chat_prompts(tokenizer_dir: Path, seed: int, count: int) -> list[list[int]]:
-    """`count` user messages through the chat template, in the order `seed` gives."""
-    if count > len(CHAT_PROMPTS):
-        raise ValueError(f"the chat workload has {len(CHAT_PROMPTS)} prompts, {count} asked")
-    order = list(CHAT_PROMPTS)
-    random.Random(seed).shuffle(order)
-    encoder = PromptEncoder(tokenizer_dir)
-    return [encoder.chat([{"role": "user", "content": text}]) for text in order[:count]]
-
-
-def corpus_prompts(tokenizer_dir: Path, workload: Workload, count: int) -> list[list[int]]:
-    """`count` prompts of exactly `workload.prompt_tokens` tokens from held-out text."""
-    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    docs = list(corpus("heldout"))
-    random.Random(workload.seed).shuffle(docs)
-    out: list[list[int]] = []
-    for doc in docs:
-        ids = tok.encode(doc).ids
-        # A long document gives several prompts; stepping by a prime varies the offsets.
-        for start in range(0, len(ids) - workload.prompt_tokens + 1, workload.prompt_tokens + 7):
-            out.append(ids[start : start + workload.prompt_tokens])
-            if len(out) == count:
-                return out
-    raise ValueError(f"held-out text holds only {len(out)} prompts of {workload.prompt_tokens}")
+        encoder = PromptEncoder(tokenizer_dir)
+        chats = datasets.load("chat", count, workload.seed)
+        return [encoder.chat([{"role": "user", "content": str(c.turns[0])}]) for c in chats]
+    convs = datasets.load("random", count, workload.seed, input_len=workload.prompt_tokens,
+                          tokenizer=tokenizer_dir)  # fmt: skip
+    return [ids for c in convs if isinstance(ids := c.turns[0], list)]

@@ -14,59 +14,47 @@ engines' counters (`ceiling.py`), standard servers the per-phase profile of each
 from __future__ import annotations
 
 import os
-import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import torch
 
-from trd.bench.identity import Reference, identity
-from trd.bench.server import Daemon, Server, serve_config
-from trd.bench.std.phases import delta
-from trd.cli import AdminError
-from trd.policies.params import PolicySpec
-from trd.protocol import SamplingParams
-from trd.testing.reference import ReferenceRouter
-
-from baselines.dispatcher import Dispatcher
-from benchkit.ceiling import bound_kind, ceiling
-from benchkit.client import OpenAIClient, Record, Send, closed_loop
-from benchkit.pairs import Pair
-from benchkit.plan import Plan
-from benchkit.stepcost import batching_bound, calibrate
-from benchkit.summary import summarize
-from benchkit.systems import (
+from trd.bench.compare.ceiling import bound_kind, ceiling
+from trd.bench.compare.pairs import Pair
+from trd.bench.compare.plan import Plan
+from trd.bench.compare.stepcost import batching_bound, calibrate
+from trd.bench.compare.systems import (
     DTYPE,
     ENGINE,
     THREADS,
+    OfficialLoop,
     cpu_linear,
     daemon_config,
+    daemon_target,
     start_std_servers,
+    std_config,
 )
-from benchkit.workloads import Workload, prompts
+from trd.bench.compare.workloads import Workload, prompts
+from trd.bench.datasets import Conversation
+from trd.bench.identity import Reference, identity
+from trd.bench.load import Target, run_load
+from trd.bench.metrics import summarize
+from trd.bench.record import Record
+from trd.bench.server import Daemon, Server, serve_config
+from trd.bench.std.dispatcher import Dispatcher
+from trd.bench.std.phases import delta
+from trd.cli import AdminError
 
-MODEL = "small+large"
 FORCED_DELAY = [1, 1, 1, 2, 2, 2, 2, 4]  # the large model's B by active requests (8+: 4)
 STD = {"std": True, "std_nocache": False}  # standard-serving systems: prefix cache on?
 ABLATIONS = {
     "no_pending_kv": {"pending_kv": False, "prefix_cache": False},  # the cache would refill it
     "step_sync": {"step_sync": True},
 }
-
-
-def machine() -> dict[str, Any]:
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "gpu": gpu,  # present or not, every system here runs on the CPU (`device: cpu`)
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
+Make = Callable[[int], Target]  # a system's target for requests of max_tokens tokens
 
 
 class Bench:
@@ -76,6 +64,7 @@ class Bench:
         self.reference = Reference()
         self.runs: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        self.systems: dict[str, dict[str, Any]] = {}  # each system's config, by name
         self.thresholds: dict[str, list[int]] = {}
         self.recommendation: dict[str, Any] = {}  # the Markov model's full answer
         self.costs: dict[str, dict[str, Any]] = {}  # each model's step costs (`stepcost.py`)
@@ -115,32 +104,32 @@ class Bench:
 
     # -- one run ---------------------------------------------------------------------
     async def measure(
-        self, system: str, send: Send, w: Workload, n: int, count: int, *,
+        self, system: str, make: Make, w: Workload, n: int, count: int, *,
         daemon: Daemon | None = None, repeats: int = 1, std: dict[str, Server] | None = None,
         reference: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """Run `repeats` times and keep the fastest (the host is shared: noise only slows);
         every repeat's outputs are kept for the identity check."""
-        runs = [await self._measure_once(system, send, w, n, count, daemon, std, reference)
+        runs = [await self._measure_once(system, make, w, n, count, daemon, std, reference)
                 for _ in range(repeats)]  # fmt: skip
-        best = max(runs, key=lambda r: r["throughput"])
-        best["throughputs"] = [r["throughput"] for r in runs]
+        best = max(runs, key=lambda r: r["output_throughput"])
+        best["throughputs"] = [r["output_throughput"] for r in runs]
         best["other_repeats"] = [r["records"] for r in runs if r is not best]
         self.runs.append(best)
         return best
 
     async def _measure_once(
-        self, system: str, send: Send, w: Workload, n: int, count: int,
+        self, system: str, make: Make, w: Workload, n: int, count: int,
         daemon: Daemon | None, std: dict[str, Server] | None, reference: bool,
     ) -> dict[str, Any]:  # fmt: skip
         jobs = self.prompts(w, count)
         before = daemon.fresh_stats(time.time()) if daemon else None
         profiles = {m: s.get_json("/profile") for m, s in (std or {}).items()}
-        records, wall = await closed_loop(send, jobs, w.max_tokens, n, f"{system} {w.name} N={n}")
+        records, wall = await self.load(make(w.max_tokens), jobs, n, f"{system} {w.name} N={n}")
         run = {
             "system": system, "workload": w.name, "source": w.source, "max_tokens": w.max_tokens,
-            "n": n, **summarize(records, wall),
-            "records": [self._record(r, reference) for r in records],
+            "n": n, "prompt_tokens_mean": sum(map(len, jobs)) / len(jobs),
+            **summarize(records, wall), "records": [self._record(r, reference) for r in records],
         }  # fmt: skip
         if reference:
             run["reference"] = True
@@ -151,18 +140,29 @@ class Bench:
         if std:
             run["profile"] = {m: delta(profiles[m], s.get_json("/profile")) for m, s in std.items()}
         print(
-            f"{system:20} {w.name:10} N={n:<3} {run['throughput']:8.1f} tok/s "
-            f"large {100 * run['large_fraction']:5.1f}%  wall {wall:6.1f} s",
+            f"{system:20} {w.name:10} N={n:<3} {run['output_throughput']:8.1f} tok/s "
+            f"large {100 * run['large_share']:5.1f}%  wall {wall:6.1f} s",
             flush=True,
         )
         return run
 
+    @staticmethod
+    async def load(
+        target: Target, jobs: list[list[int]], n: int, label: str
+    ) -> tuple[list[Record], float]:
+        """Every prompt at `n` in flight (closed loop); a failed request fails the run."""
+        convs = [Conversation((ids,)) for ids in jobs]
+        records, wall = await run_load(target, convs, max_concurrency=n, label=label)
+        if bad := next((r for r in records if not r.ok), None):
+            raise RuntimeError(f"{label}: a request failed: {bad.error}")
+        return records, wall
+
     def _record(self, r: Record, reference: bool) -> dict[str, Any]:
+        prompt, ids, models = r.prompt_ids or [], r.token_ids or [], r.models or []
         if reference:
-            self.reference.add(r.prompt, r.token_ids, r.models)
-            return r.to_dict(self.names)
-        diverges = self.reference.divergence(r.prompt, r.token_ids, r.models)
-        return {**r.to_dict(self.names), "diverges_at": diverges}
+            self.reference.add(prompt, ids, models)
+            return r.to_dict()
+        return {**r.to_dict(), "diverges_at": self.reference.divergence(prompt, ids, models)}
 
     # -- systems ---------------------------------------------------------------------
     async def run_all(self) -> dict[str, Any]:
@@ -178,7 +178,7 @@ class Bench:
                 await self.run_std(session, system, STD[system])
         table = self.reference.table()
         return {
-            "machine": machine(), "pair": self.pair.describe(), "dtype": DTYPE,
+            "pair": self.pair.describe(), "dtype": DTYPE,
             "threads": THREADS, "bound": self.bound, "plan": asdict(self.plan),
             "total_s": time.perf_counter() - started, "thresholds": self.thresholds,
             "step_costs": self.costs,
@@ -202,36 +202,38 @@ class Bench:
                   flush=True)  # fmt: skip
 
     async def run_official(self) -> None:
-        paths = [self.models[m] for m in self.names]
-        policy = PolicySpec("rstitch", {"threshold": self.tau})
-        router = ReferenceRouter(paths, policy, DTYPE, kv_cache=True)
+        loop = OfficialLoop(self.models, self.tau)
+        self.systems["official"] = loop.config()
 
-        async def send(prompt: list[int], max_tokens: int) -> Record:
-            out = router.run(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-            models = [self.names[m] for m in out.models]
-            return Record(prompt, out.ttft, out.latency, out.tokens, models)
+        def make(max_tokens: int) -> Target:
+            loop.max_tokens = max_tokens
+            return loop
 
         # One request at a time whatever N is: it runs at N=1, on every prompt.
         for w, count in self.reference_jobs():
-            await self.measure("official", send, w, 1, count, reference=True)
+            await self.measure("official", make, w, 1, count, reference=True)
 
     def _daemon(self, name: str, engine: dict[str, Any]) -> Daemon:
         cfg = daemon_config(self.models, self.tau, engine, self.kv_tokens, self.context)
         if self.thresholds and name != "tokenrouterd":
             cfg["batching"] = {"thresholds": self.thresholds}
+        self.systems[name] = cfg
         return serve_config(name, cfg, self.logs)
 
-    async def _warmup(self, send: Send) -> None:
-        await closed_loop(send, self.prompts(self.workload("short"), 2), 16, 2, "warmup")
+    async def _warmup(self, make: Make) -> None:
+        await self.load(make(16), self.prompts(self.workload("short"), 2), 2, "warmup")
 
-    async def _top_short(self, name: str, send: Send, d: Daemon) -> None:
+    async def _top_short(self, name: str, make: Make, d: Daemon) -> None:
         n, w = self.top_n, self.workload("short")
-        await self.measure(name, send, w, n, self.plan.requests(n), daemon=d,
+        await self.measure(name, make, w, n, self.plan.requests(n), daemon=d,
                            repeats=self.plan.repeats)  # fmt: skip
 
     async def run_tokenrouterd(self, session: aiohttp.ClientSession) -> None:
         d = self._daemon("tokenrouterd", {})
-        send = OpenAIClient(session, d.url, MODEL).send
+
+        def send(max_tokens: int) -> Target:
+            return daemon_target(session, d.url, max_tokens)
+
         try:
             await self._warmup(send)
             # Thresholds all 1 first: that is the no-delayed-batching ablation, and it
@@ -280,7 +282,10 @@ class Bench:
             self.notes.append(f"{name}: daemon did not start: {str(exc)[-300:]}")
             return
         try:
-            send = OpenAIClient(session, d.url, MODEL).send
+
+            def send(max_tokens: int) -> Target:
+                return daemon_target(session, d.url, max_tokens)
+
             await self._warmup(send)
             await self._top_short(name, send, d)
         finally:
@@ -290,17 +295,21 @@ class Bench:
         self, session: aiohttp.ClientSession, system: str, prefix_cache: bool
     ) -> None:
         servers = start_std_servers(system, self.models, self.logs, prefix_cache, self.kv_tokens)
+        self.systems[system] = std_config(self.models, self.tau, prefix_cache, self.kv_tokens)
         try:
             urls = [servers[m].url for m in self.names]
-            disp = Dispatcher(session, urls, self.names, self.tau)
-            await self._warmup(disp.send)
+
+            def send(max_tokens: int) -> Target:
+                return Dispatcher(session, urls, self.names, self.tau, max_tokens)
+
+            await self._warmup(send)
             w = self.workload("short")
             for n in self.plan.ns:
                 count = self.plan.requests(n)
-                await self.measure(system, disp.send, w, n, count, std=servers)
+                await self.measure(system, send, w, n, count, std=servers)
             if self.plan.std_length:
                 w = self.workload("long", self.plan.std_length)
-                await self.measure(system, disp.send, w, self.top_n, self.top_n, std=servers)
+                await self.measure(system, send, w, self.top_n, self.top_n, std=servers)
         finally:
             for s in servers.values():
                 s.stop()

@@ -26,8 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trd.bench.identity import differing
-
-from benchkit.summary import digest_set
+from trd.bench.metrics import digest_set
 
 FULL = "tokenrouterd"
 ABLATIONS = ("no_delayed_batching", "no_pending_kv", "step_sync")
@@ -68,10 +67,10 @@ def unlike(a: Run, b: Run) -> str | None:
     """Why runs `a` and `b` are not like for like, or None when they are."""
     if a["prompt_set"] != b["prompt_set"]:
         return f"different prompts ({a['requests']} vs {b['requests']} requests, other sets)"
-    gap = abs(a["large_fraction"] - b["large_fraction"])
+    gap = abs(a["large_share"] - b["large_share"])
     if gap > SHARE_SLACK:
-        return (f"large-token share {100 * a['large_fraction']:.0f}% ({label(a)}) vs "
-                f"{100 * b['large_fraction']:.0f}% ({label(b)})")  # fmt: skip
+        return (f"large-token share {100 * a['large_share']:.0f}% ({label(a)}) vs "
+                f"{100 * b['large_share']:.0f}% ({label(b)})")  # fmt: skip
     return None
 
 
@@ -120,8 +119,8 @@ def official_on(runs: list[Run], run: Run) -> Run | None:
     tokens = sum(r["output_tokens"] for r in recs)
     large = sum(r["tokens_per_model"].get("large", 0) for r in recs)
     return {**ref, "requests": len(recs), "prompt_set": digest_set(want), "records": recs,
-            "throughput": tokens / sum(r["latency"] for r in recs),
-            "large_fraction": large / max(1, tokens)}  # fmt: skip
+            "output_throughput": tokens / sum(r["latency_s"] for r in recs),
+            "large_share": large / max(1, tokens)}  # fmt: skip
 
 
 def single_user_row(runs: list[Run], ident: list[Any]) -> Row:
@@ -137,13 +136,13 @@ def compare(
     name: str, target: str, a: Run, b: Run, meets: Callable[[float], bool],
     ident: list[Any], extra: str = "",
 ) -> Row:  # fmt: skip
-    value = a["throughput"] / b["throughput"]
+    value = a["output_throughput"] / b["output_throughput"]
     shown = f"{value:.2f}x{repeats_note(a, b)}{extra}"
     if (bad := failed(ident, a, b)) is not None:
         return Row(name, target, shown, "missed", bad)
     if (why := unlike(a, b)) is not None:
         return Row(name, target, shown, "not comparable", why)
-    share = f"same {a['requests']} prompts, large share {100 * a['large_fraction']:.0f}%"
+    share = f"same {a['requests']} prompts, large share {100 * a['large_share']:.0f}%"
     return Row(name, target, shown, *verdict(meets(value), share, share))
 
 
@@ -165,7 +164,7 @@ def length_row(runs: list[Run], top_n: int, ident: list[Any]) -> Row:
         return Row(name, ">= 90%", shown, "missed", bad)
     if (why := unlike(long, short)) is not None:
         return Row(name, ">= 90%", shown, "not comparable", why)
-    share = f"same prompts, large share {100 * long['large_fraction']:.0f}%"
+    share = f"same prompts, large share {100 * long['large_share']:.0f}%"
     return Row(name, ">= 90%", shown, *verdict(value >= 0.9, share, share))
 
 
@@ -202,7 +201,7 @@ def batching_row(run: Run | None, ident: list[Any]) -> Row:
         return Row(name, target, "not run", "not comparable", "no daemon run with step costs")
     name = f"{name}, {label(run)}"
     frac = b["fraction"]
-    shown = f"{100 * frac:.0f}% ({b['kind']}: {b['bound_s']:.1f} s of {run['wall_s']:.1f} s)"
+    shown = f"{100 * frac:.0f}% ({b['kind']}: {b['bound_s']:.1f} s of {run['duration_s']:.1f} s)"
     above = "faster than the calibrated costs of its batches: the calibration ran slow"
     why = "step costs measured alone before the runs, at the batch sizes this run had"
     return fraction_row(Row(name, target, shown, "", why), run, frac, 0.85, above, ident)
@@ -246,7 +245,7 @@ def target_rows(runs: list[Run], ident: list[dict[str, Any]], top_n: int, pair: 
     wl = f"{std['workload'] if std else 'long'} N={top_n}"
     extra = ""
     if (a := find(runs, *spec(f"{FULL} {wl}"))) and (b := find(runs, *spec(f"std_nocache {wl}"))):
-        extra = f"; vs std_nocache {a['throughput'] / b['throughput']:.2f}x"
+        extra = f"; vs std_nocache {a['output_throughput'] / b['output_throughput']:.2f}x"
     x = OFFICIAL_X[pair]
     std_row = (
         ratio_row(f"tokenrouterd / std, {std['max_tokens']} tokens, N={top_n}", ">= 5x", runs,

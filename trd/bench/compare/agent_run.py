@@ -1,4 +1,4 @@
-"""Runs the agent workload (`agent.py`) on every system and makes its table.
+"""Runs the agent workload (`agent.py`) on every system (its table: `agent_table.py`).
 
     official              one turn at a time (the research loop): the reference outputs
     tokenrouterd          the daemon, each engine's prefix cache on (the default)
@@ -34,40 +34,30 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 
-from trd.bench.server import serve_config
-from trd.bench.stats import percentile
-from trd.bench.std.phases import delta
-from trd.policies.params import PolicySpec
-from trd.protocol import SamplingParams
-from trd.testing.reference import ReferenceRouter
-
-from baselines.dispatcher import Dispatcher
-from benchkit.agent import (
-    SHAPES,
-    AgentShape,
-    Conversation,
-    Pace,
-    Turn,
-    closed_loop_conversations,
-    conversations,
-    perfect_hits,
-)
-from benchkit.ceiling import engine_work
-from benchkit.client import OpenAIClient, Record
-from benchkit.pairs import Pair
-from benchkit.systems import (
+from trd.bench.compare.agent import SHAPES, AgentShape, conversations, perfect_hits
+from trd.bench.compare.ceiling import engine_work
+from trd.bench.compare.pairs import Pair
+from trd.bench.compare.systems import (
     CORES,
-    DTYPE,
     ENGINE,
     THREADS,
+    OfficialLoop,
     daemon_config,
+    daemon_target,
     start_std_servers,
+    std_config,
 )
+from trd.bench.datasets import Conversation
+from trd.bench.load import Target, run_load
+from trd.bench.record import Record
+from trd.bench.server import serve_config
+from trd.bench.stats import percentile
+from trd.bench.std.dispatcher import Dispatcher
+from trd.bench.std.phases import delta
 
-MODEL = "small+large"
 PAGE_SIZE = 16  # engine.page_size's default, and the standard server's
+WARMUP_TOKENS = 4  # answer tokens of the warm-up turns
 DAEMONS: dict[str, dict[str, Any]] = {
     "tokenrouterd": {},
     "tokenrouterd_nocache": {"prefix_cache": False},
@@ -77,24 +67,20 @@ DAEMONS: dict[str, dict[str, Any]] = {
 }
 SYSTEMS = ("official", *DAEMONS, "std", "std_wide")
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if "_wide" not in s and "_ahead" not in s)
-# The daemons with the cache on that the table judges, each against its cache-off twin.
-CACHE_OFF = {
-    "tokenrouterd": "tokenrouterd_nocache",
-    "tokenrouterd_wide": "tokenrouterd_wide_nocache",
-    "tokenrouterd_ahead": "tokenrouterd_wide_nocache",
-}
+# (conversation, turn) -> seconds after the run's start before which the turn is not sent
+Pace = dict[tuple[int, int], float]
 
 
-def summarize(turns: list[list[Turn]], wall: float) -> dict[str, Any]:
-    later = [t.record for conv in turns for t in conv[1:]]
-    every = [t.record for conv in turns for t in conv]
-    tokens = sum(r.output_tokens for r in every)
+def summarize(turns: Sequence[Record], wall: float) -> dict[str, Any]:
+    """Throughput, TTFT from the second turn on (p50, p99), of first turns (p50), TPOT."""
+    later = [r.ttft or 0.0 for r in turns if r.turn > 0]
+    tokens = sum(r.output_tokens for r in turns)
+    tpots = [t for r in turns if (t := r.tpot) is not None]
     return {
-        "turns": len(every), "wall_s": wall, "output_tokens": tokens, "throughput": tokens / wall,
-        "ttft_p50": percentile([r.ttft for r in later], 50),
-        "ttft_p99": percentile([r.ttft for r in later], 99),
-        "ttft1_p50": percentile([c[0].record.ttft for c in turns], 50),
-        "tpot_mean": float(np.mean([r.tpot for r in every])),
+        "turns": len(turns), "wall_s": wall, "output_tokens": tokens, "throughput": tokens / wall,
+        "ttft_p50": percentile(later, 50), "ttft_p99": percentile(later, 99),
+        "ttft1_p50": percentile([r.ttft or 0.0 for r in turns if r.turn == 0], 50),
+        "tpot_mean": sum(tpots) / len(tpots) if tpots else None,
     }  # fmt: skip
 
 
@@ -115,8 +101,9 @@ class AgentBench:
         self.shape, self.per_worker = shape or SHAPES[pair.name], per_worker
         # Each N runs conversations of its own (per_worker each, one after the other: the
         # next starts while the others are under way), and one more warms up.
-        sizes = [per_worker * n for n in ns]
-        self.first = dict(zip(ns, np.cumsum([0, *sizes]).tolist(), strict=False))
+        self.first, total = {}, 0
+        for n in ns:
+            self.first[n], total = total, total + per_worker * n
         self.pace = pace or {}  # per N: (conversation, turn) -> earliest send, seconds
         for n in set(ns) & set(self.pace):
             convs = range(self.first[n], self.first[n] + per_worker * n)
@@ -125,12 +112,12 @@ class AgentBench:
                     f"--agent-pace: the earlier run's turns at N={n} are not this run's (it "
                     "needs the same --agent-n, --agent-per-worker and --agent-turns)"
                 )
-        total = sum(sizes)
         self.convs = conversations(pair.models["small"], self.shape, total + 1)
         self.context = self.shape.longest + 16
         self.kv_tokens = 2 * max(ns) * self.context  # room for N conversations, twice over
         self.reference: dict[tuple[int, int], tuple[list[int], list[str]]] = {}
         self.runs: list[dict[str, Any]] = []
+        self.systems: dict[str, dict[str, Any]] = {}  # each system's config, by name
 
     def batch(self, n: int) -> list[Conversation]:
         """The conversations of the run at N = n."""
@@ -154,19 +141,20 @@ class AgentBench:
                 "max_batch_tokens": self.max_batch_tokens,
                 "total_s": time.perf_counter() - started, "runs": self.runs}  # fmt: skip
 
-    def record(self, system: str, n: int, turns: list[list[Turn]], wall: float) -> dict[str, Any]:
-        every = [t for conv in turns for t in conv]
+    def record(self, system: str, n: int, turns: list[Record], wall: float) -> dict[str, Any]:
+        if bad := next((r for r in turns if not r.ok), None):
+            raise RuntimeError(f"{system} N={n}: a turn failed: {bad.error}")
         if not self.runs and not self.reference:  # the official loop was left out
-            self.reference = {(t.conv, t.index): (t.record.token_ids, t.record.models)
-                              for t in every}  # fmt: skip
+            self.reference = {(t.conversation, t.turn): (t.token_ids or [], t.models or [])
+                              for t in turns}  # fmt: skip
         wrong = [
             t
-            for t in every
-            if self.reference.get((t.conv, t.index)) != (t.record.token_ids, t.record.models)
+            for t in turns
+            if self.reference.get((t.conversation, t.turn)) != (t.token_ids, t.models)
         ]
-        hits, asked = perfect_hits(every, PAGE_SIZE)
+        hits, asked = perfect_hits(turns, PAGE_SIZE)
         run = {"system": system, "n": n, **summarize(turns, wall), "perfect_hit_rate": hits / asked,
-               "diverging_turns": len(wrong), "turn_log": turn_log(every)}  # fmt: skip
+               "diverging_turns": len(wrong), "turn_log": turn_log(turns)}  # fmt: skip
         self.runs.append(run)
         with (self.logs / "agent_runs.jsonl").open("a") as f:  # kept if a later system fails
             f.write(json.dumps(run) + "\n")
@@ -175,21 +163,11 @@ class AgentBench:
         return run
 
     async def run_official(self) -> None:
-        paths = [self.pair.models[m] for m in self.pair.models]
-        names = list(self.pair.models)
-        policy = PolicySpec("rstitch", {"threshold": self.tau})
-        router = ReferenceRouter(paths, policy, DTYPE, kv_cache=True)
-
-        async def send(prompt: list[int], max_tokens: int) -> Record:
-            out = router.run(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-            return Record(prompt, out.ttft, out.latency, out.tokens, [names[m] for m in out.models])
-
-        turns, wall = await closed_loop_conversations(
-            send, self.convs[:-1], self.shape.answer_tokens, 1
-        )
-        for conv in turns:
-            for t in conv:
-                self.reference[(t.conv, t.index)] = (t.record.token_ids, t.record.models)
+        loop = OfficialLoop(self.pair.models, self.tau, self.shape.answer_tokens)
+        self.systems["official"] = loop.config()
+        turns, wall = await run_load(loop, self.convs[:-1], max_concurrency=1, label="official")
+        for t in turns:
+            self.reference[(t.conversation, t.turn)] = (t.token_ids or [], t.models or [])
         self.record("official", 1, turns, wall)
 
     async def run_daemon(
@@ -197,13 +175,14 @@ class AgentBench:
     ) -> None:
         engine = {"max_batch_tokens": self.max_batch_tokens, **engine}
         cfg = daemon_config(self.pair.models, self.tau, engine, self.kv_tokens, self.context)
+        self.systems[name] = cfg
         d = serve_config(name, cfg, self.logs)
-        send = OpenAIClient(session, d.url, MODEL).send
+        target = daemon_target(session, d.url, self.shape.answer_tokens)
         try:
-            await self.warmup(send)
+            await self.warmup(daemon_target(session, d.url, WARMUP_TOKENS))
             for n in self.ns:
                 before = d.fresh_stats(time.time())
-                turns, wall = await self.conversations(send, n)
+                turns, wall = await self.conversations(target, n)
                 after = d.fresh_stats(time.time())
                 run = self.record(name, n, turns, wall)
                 run["hit_rate"] = hit_rate(before, after)
@@ -216,13 +195,16 @@ class AgentBench:
         servers = start_std_servers(
             name, self.pair.models, self.logs, True, self.kv_tokens, self.max_batch_tokens, threads
         )
+        self.systems[name] = std_config(self.pair.models, self.tau, True, self.kv_tokens,
+                                        self.max_batch_tokens, threads)  # fmt: skip
         try:
             urls = [servers[m].url for m in self.pair.models]
-            send = Dispatcher(session, urls, list(self.pair.models), self.tau).send
-            await self.warmup(send)
+            names = list(self.pair.models)
+            target = Dispatcher(session, urls, names, self.tau, self.shape.answer_tokens)
+            await self.warmup(Dispatcher(session, urls, names, self.tau, WARMUP_TOKENS))
             for n in self.ns:
                 before = {m: s.get_json("/profile") for m, s in servers.items()}
-                turns, wall = await self.conversations(send, n)
+                turns, wall = await self.conversations(target, n)
                 run = self.record(name, n, turns, wall)
                 after = {m: s.get_json("/profile") for m, s in servers.items()}
                 run["profile"] = {m: delta(before[m], after[m]) for m in servers}
@@ -230,32 +212,33 @@ class AgentBench:
             for s in servers.values():
                 s.stop()
 
-    async def conversations(self, send: Any, n: int) -> tuple[list[list[Turn]], float]:
+    async def conversations(self, target: Target, n: int) -> tuple[list[Record], float]:
+        """The run at N = n, its turns numbered as in the reference."""
         first = self.first[n]
         pace = {(c - first, t): s for (c, t), s in self.pace.get(n, {}).items()}
-        turns, wall = await closed_loop_conversations(
-            send, self.batch(n), self.shape.answer_tokens, n, pace
-        )
-        for conv in turns:  # numbered as in the reference
-            for t in conv:
-                t.conv += self.first[n]
+        turns, wall = await run_load(target, self.batch(n), max_concurrency=n, pace=pace,
+                                     label=f"N={n}")  # fmt: skip
+        for t in turns:
+            t.conversation += first
         return turns, wall
 
-    async def warmup(self, send: Any) -> None:
-        """Two short unrelated requests: the models are loaded and the first forwards run."""
-        warm = Conversation(self.convs[-1].tools[0], [self.convs[-1].tools[1]])
-        await closed_loop_conversations(send, [warm, warm], 4, 2)
+    async def warmup(self, target: Target) -> None:
+        """Two short unrelated requests (`target` answers WARMUP_TOKENS): the models are
+        loaded and the first forwards run."""
+        last = self.convs[-1]
+        warm = Conversation((last.turns[1],), last.turns[0])
+        await run_load(target, [warm, warm], max_concurrency=2, label="warmup")
 
 
-def turn_log(turns: Sequence[Turn]) -> list[dict[str, Any]]:
+def turn_log(turns: Sequence[Record]) -> list[dict[str, Any]]:
     """Each turn's timing and who made its first token (seconds from the run's first send),
     to see where a slow first token waited."""
     start = min(t.sent for t in turns)
     return [
-        {"conv": t.conv, "turn": t.index, "sent_s": t.sent - start, "ttft_s": t.record.ttft,
-         "latency_s": t.record.latency, "prompt": len(t.record.prompt),
-         "first": t.record.models[0] if t.record.models else None,
-         "tokens_per_model": t.record.tokens_per_model}
+        {"conv": t.conversation, "turn": t.turn, "sent_s": t.sent - start, "ttft_s": t.ttft,
+         "latency_s": t.latency, "prompt": len(t.prompt_ids or []),
+         "first": t.models[0] if t.models else None,
+         "tokens_per_model": {k: v for k, v in (t.tokens_per_model or {}).items() if v}}
         for t in sorted(turns, key=lambda t: t.sent)
     ]  # fmt: skip
 
@@ -293,58 +276,3 @@ def hit_rate(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
         if a and b and a["queries"] > b["queries"]:
             out[name] = (a["hits"] - b["hits"]) / (a["queries"] - b["queries"])
     return out
-
-
-def agent_table(result: dict[str, Any]) -> list[str]:
-    """The markdown table of an agent run, then each N's targets, met or missed."""
-    lines = [
-        "| system | N | TTFT p50 turn>=2 (ms) | TTFT p99 turn>=2 (ms) | TTFT p50 turn 1 (ms) "
-        "| TPOT (ms) | output tok/s | hit rate: entry engine / perfect | diverging turns |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["runs"]:
-        hit = r.get("hit_rate", {}).get("small")
-        hits = f"{hit:.1%} / {r['perfect_hit_rate']:.1%}" if hit is not None else "-"
-        lines.append(
-            f"| {r['system']} | {r['n']} | {1e3 * r['ttft_p50']:.1f} | {1e3 * r['ttft_p99']:.1f} "
-            f"| {1e3 * r['ttft1_p50']:.1f} | {1e3 * r['tpot_mean']:.2f} | {r['throughput']:.1f} "
-            f"| {hits} | {r['diverging_turns']}/{r['turns']} |"
-        )
-    by = {(r["system"], r["n"]): r for r in result["runs"]}
-    for n in sorted({r["n"] for r in result["runs"]}):
-        for name, off_name in CACHE_OFF.items():
-            if (on := by.get((name, n))) is not None:
-                parts = targets(on, by.get((off_name, n)), by.get(("std", n)))
-                if (wide := by.get(("std_wide", n))) is not None:
-                    parts.append(f"std_wide: {1e3 * wide['ttft_p50']:.1f} ms")
-                label = f"N={n}" if name == "tokenrouterd" else f"N={n}, {name}"
-                lines.append(f"- {label}: " + "; ".join(parts))
-    return lines
-
-
-def targets(
-    on: dict[str, Any], off: dict[str, Any] | None, std: dict[str, Any] | None
-) -> list[str]:
-    """The targets of one cache-on daemon's run, against its cache-off twin and standard
-    serving where the run has them."""
-    parts = []
-    if off is not None:
-        ttft, tput = off["ttft_p50"] / on["ttft_p50"], on["throughput"] / off["throughput"]
-        parts += [f"TTFT p50 (turn >= 2) {ttft:.1f}x lower with the cache (target 5x: "
-                  f"{met(ttft >= 5)})", f"throughput {tput:.2f}x (target 2x: "
-                  f"{met(tput >= 2)})"]  # fmt: skip
-    if std is not None:
-        ok = met(on["ttft_p50"] <= std["ttft_p50"])
-        parts.append(f"TTFT {1e3 * on['ttft_p50']:.1f} ms vs standard serving's "
-                     f"{1e3 * std['ttft_p50']:.1f} ms (target <=: {ok})")  # fmt: skip
-    measured = on.get("hit_rate", {}).get("small")
-    if measured is None:  # the entry engine's counters did not move between snapshots
-        parts.append("hit rate not measured (target 90%: not judged)")
-    else:
-        hit = measured / on["perfect_hit_rate"]
-        parts.append(f"hit rate {hit:.0%} of perfect (target 90%: {met(hit >= 0.9)})")
-    return parts
-
-
-def met(ok: bool) -> str:
-    return "met" if ok else "missed"

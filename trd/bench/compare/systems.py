@@ -1,4 +1,10 @@
-"""The settings every system of a comparison shares, and the standard servers' start.
+"""The systems a comparison runs: the settings they share, and how each is reached.
+
+    official      the research-code loop in this process (`OfficialLoop`)
+    tokenrouterd  our daemon (and its variants: one setting changed, a name of its own),
+                  reached through the one load client (`daemon_target`)
+    std           standard servers (one per model) routed by the dispatcher
+                  (`trd/bench/std/dispatcher.py`)
 
 Servers start through the one launcher (`trd/bench/server.py`), each on a port it binds
 itself and reports; their logs go to the run folder. Servers that do not depend on each
@@ -12,9 +18,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from trd.bench import server
+from trd.bench.client import Client, Settings
+from trd.bench.load import TokenTarget
 from trd.bench.server import Server, start_std_server
 from trd.models.checkpoint import read_checkpoint
+from trd.policies.params import PolicySpec
+from trd.protocol import SamplingParams
+from trd.testing.reference import ReferenceRouter
 
 DTYPE = "float32"  # every system serves both models in this dtype
 THREADS = 1  # torch threads per engine (and per standard server)
@@ -28,6 +41,7 @@ CORES = os.cpu_count() or 1  # the host's: the threads of the agent bench's *_wi
 # code runs it.
 ONEDNN_MIN_HIDDEN = 512
 ENGINE = {"threads": THREADS, "max_batch_tokens": 2048}  # every daemon engine's settings
+MODEL = "small+large"  # the daemon's model id for the pair
 
 
 def cpu_linear(models: Iterable[Path]) -> str:
@@ -54,6 +68,18 @@ def daemon_config(
         # outlast the 120 s default, which then reads the engine as hung.
         stall_timeout_s=3600,
     )  # fmt: skip
+
+
+def std_config(
+    models: dict[str, Path], tau: float, prefix_cache: bool, kv_tokens: int,
+    max_batch_tokens: int = ENGINE["max_batch_tokens"], threads: int = THREADS,
+) -> dict[str, Any]:  # fmt: skip
+    """What a standard-serving system is, for the result."""
+    return {"kind": "standard serving", "models": {n: str(p) for n, p in models.items()},
+            "dtype": DTYPE, "dispatcher": {"policy": "rstitch", "threshold": tau},
+            "prefix_cache": prefix_cache, "kv_tokens": kv_tokens,
+            "max_batch_tokens": max_batch_tokens, "threads": threads,
+            "cpu_linear": cpu_linear(models.values())}  # fmt: skip
 
 
 def start_std_servers(
@@ -85,3 +111,30 @@ def start_std_servers(
             s.stop()
         raise
     return servers
+
+
+class OfficialLoop(TokenTarget):
+    """`trd/testing/reference.py` with its KV caches, the research-code way: one request
+    at a time (it blocks the event loop while it runs, so it runs at N=1)."""
+
+    def __init__(self, models: dict[str, Path], tau: float, max_tokens: int = 0) -> None:
+        super().__init__(list(models), max_tokens)
+        self.models, self.tau = models, tau
+        policy = PolicySpec("rstitch", {"threshold": tau})
+        self.router = ReferenceRouter(list(models.values()), policy, DTYPE, kv_cache=True)
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": "official loop", "models": {n: str(p) for n, p in self.models.items()},
+                "dtype": DTYPE, "policy": {"name": "rstitch", "threshold": self.tau},
+                "kv_cache": True}  # fmt: skip
+
+    async def generate(self, ids: list[int]) -> tuple[float, float, list[int], list[int]]:
+        out = self.router.run(ids, SamplingParams(max_tokens=self.max_tokens, ignore_eos=True))
+        return out.ttft, out.latency, out.tokens, out.models
+
+
+def daemon_target(session: aiohttp.ClientSession, url: str, max_tokens: int) -> Client:
+    """The daemon through the load client: token-id prompts to /v1/completions, greedy,
+    EOS ignored, the token ids and producers asked for and checked against the usage."""
+    settings = Settings(url, MODEL, "completions", max_tokens, ignore_eos=True)
+    return Client(session, settings)

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchkit.targets import FULL
+from trd.bench.compare.targets import FULL
 
 LADDER = ("no_delayed_batching", "no_pending_kv", "step_sync", "forced_delay", FULL)
 Run = dict[str, Any]
@@ -26,7 +26,7 @@ def series_vs_n(runs: list[Run]) -> dict[str, list[tuple[int, float]]]:
     """(N, tok/s) of each system's short-workload runs: only the N it ran at."""
     out: dict[str, list[tuple[int, float]]] = {}
     for system in (FULL, "std", "std_nocache", "official"):
-        pts = sorted((r["n"], r["throughput"]) for r in runs
+        pts = sorted((r["n"], r["output_throughput"]) for r in runs
                      if r["system"] == system and r["workload"] == "short")  # fmt: skip
         if pts:
             out[system] = pts
@@ -50,7 +50,7 @@ def plot_vs_n(runs: list[Run], path: Path) -> None:
 def plot_efficiency_vs_length(runs: list[Run], path: Path) -> None:
     """tokenrouterd's fraction of its forward-only ceiling per output length, each point
     labelled with its large-token share (lengths compare like for like only at one share)."""
-    pts = sorted((r["max_tokens"], r["ceiling"]["fraction"], r["large_fraction"]) for r in runs
+    pts = sorted((r["max_tokens"], r["ceiling"]["fraction"], r["large_share"]) for r in runs
                  if r["system"] == FULL and r["workload"].startswith("long")
                  and r.get("ceiling", {}).get("valid"))  # fmt: skip
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -68,7 +68,7 @@ def plot_efficiency_vs_length(runs: list[Run], path: Path) -> None:
 
 
 def plot_ladder(runs: list[Run], top_n: int, path: Path) -> None:
-    vals = {r["system"]: r["throughput"] for r in runs
+    vals = {r["system"]: r["output_throughput"] for r in runs
             if r["workload"] == "short" and r["n"] == top_n and r["system"] in LADDER}  # fmt: skip
     names = [s for s in LADDER if s in vals]
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -33,11 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from trd.bench.compare.ceiling import counter_delta
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
-
-from benchkit.ceiling import counter_delta
 
 BATCHES = (1, 2, 4, 8, 16)
 DECODE_STEPS = 8  # timed decode steps per batch size (the fastest counts)

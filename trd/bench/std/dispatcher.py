@@ -1,6 +1,6 @@
 """The standard-serving dispatcher: token-level routing outside the servers, over HTTP.
 
-One ordinary single-model server per model (`std_server.py`); for every position the
+One ordinary single-model server per model (`server.py`); for every position the
 dispatcher sends the full context to the current model's server, reads back the greedy
 token and its normalised entropy, and applies R-Stitch itself (the rule of
 `trd/policies/rstitch.py` for two models):
@@ -21,29 +21,31 @@ import time
 
 import aiohttp
 
-from benchkit.client import Record
+from trd.bench.load import TokenTarget
 
 
-class Dispatcher:
+class Dispatcher(TokenTarget):
     def __init__(
         self,
         session: aiohttp.ClientSession,
         urls: list[str],
         names: list[str],
         tau: float,
+        max_tokens: int,
     ) -> None:
-        self.session, self.urls, self.names, self.tau = session, urls, names, tau
+        super().__init__(names, max_tokens)
+        self.session, self.urls, self.tau = session, urls, tau
 
     async def _next(self, model: int, seq: list[int]) -> tuple[int, float]:
         async with self.session.post(f"{self.urls[model]}/generate", json={"prompt": seq}) as r:
             body = await r.json()
         return int(body["token"]), float(body["entropy"])
 
-    async def send(self, prompt: list[int], max_tokens: int) -> Record:
+    async def generate(self, ids: list[int]) -> tuple[float, float, list[int], list[int]]:
         start = time.perf_counter()
-        seq, cur, ttft = list(prompt), 0, 0.0
+        seq, cur, ttft = list(ids), 0, 0.0
         models: list[int] = []  # producer of each output token
-        while len(models) < max_tokens:
+        while len(models) < self.max_tokens:
             token, h = await self._next(cur, seq)
             unsure = h > self.tau
             if cur == 0 and unsure:
@@ -54,5 +56,4 @@ class Dispatcher:
             ttft = ttft or time.perf_counter() - start
             if cur == 1 and not unsure:
                 cur = 0
-        names = [self.names[m] for m in models]
-        return Record(prompt, ttft, time.perf_counter() - start, seq[len(prompt) :], names)
+        return ttft, time.perf_counter() - start, seq[len(ids) :], models

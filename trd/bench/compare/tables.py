@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trd.bench.compare.targets import FULL, Row
 from trd.bench.std.phases import PHASES
-
-from benchkit.targets import FULL, Row
 
 STD = ("std", "std_nocache")
 # The paper's profile of one small-model step of SGLang (radix cache) in standard
@@ -35,15 +34,15 @@ def run_table(runs: list[Run]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        ttft = "/".join(f"{1e3 * r[f'ttft_p{q}']:.0f}" for q in (50, 90, 99))
-        tpot = "/".join(f"{1e3 * r[f'tpot_p{q}']:.1f}" for q in (50, 90, 99))
-        tok_s = f"{r['throughput']:.0f}"
+        ttft = "/".join(f"{r['ttft_ms'][f'p{q}']:.0f}" for q in (50, 90, 99))
+        tpot = "/".join(f"{r['tpot_ms'][f'p{q}']:.1f}" for q in (50, 90, 99))
+        tok_s = f"{r['output_throughput']:.0f}"
         if len(r.get("throughputs", [])) > 1:
             tok_s += " (" + ", ".join(f"{t:.0f}" for t in r["throughputs"]) + ")"
         lines.append(
             f"| {r['system']} | {shape(r)} | {r['n']} | {r['requests']} | {tok_s} | {ttft} "
-            f"| {tpot} | {r['latency_p50']:.2f}/{r['latency_p99']:.2f} "
-            f"| {100 * r['large_fraction']:.0f} | {r['handoffs_per_request']:.1f} |"
+            f"| {tpot} | {r['e2el_ms']['p50'] / 1e3:.2f}/{r['e2el_ms']['p99'] / 1e3:.2f} "
+            f"| {100 * r['large_share']:.0f} | {r['handoffs_per_request']:.1f} |"
         )
     return lines
 
@@ -69,7 +68,7 @@ def ceiling_table(runs: list[Run]) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r, c in daemon_runs(runs, "ceiling"):
         if not c["valid"]:
-            lines.append(f"| {r['workload']} | {r['n']} | {r['throughput']:.0f} | invalid: "
+            lines.append(f"| {r['workload']} | {r['n']} | {r['output_throughput']:.0f} | invalid: "
                          f"{c['invalid']} | - | - | - | - |")  # fmt: skip
             continue
         models = "; ".join(
@@ -82,7 +81,7 @@ def ceiling_table(runs: list[Run]) -> list[str]:
         if h["sampled"] < h["count"]:
             lat += f" (latest {h['sampled']} of {h['count']})"
         lines.append(
-            f"| {r['workload']} | {r['n']} | {r['throughput']:.0f} | {c['bound']['kind']} "
+            f"| {r['workload']} | {r['n']} | {r['output_throughput']:.0f} | {c['bound']['kind']} "
             f"| {c['ceiling_throughput']:.0f} | {100 * c['fraction']:.0f}% | {models} | {lat} |"
         )
     return lines
@@ -111,9 +110,9 @@ def batching_table(runs: list[Run]) -> list[str]:
                            for name, m in b["models"].items())  # fmt: skip
         bound = f"{b['bound_s']:.1f} ({b['kind']})"
         serial = sum(m["need_s"] for m in b["models"].values())
-        lines.append(f"| {r['workload']} | {r['n']} | {r['wall_s']:.1f} | {models} "
+        lines.append(f"| {r['workload']} | {r['n']} | {r['duration_s']:.1f} | {models} "
                      f"| {bound} | {100 * b['fraction']:.0f}% "
-                     f"| {serial:.1f}, {100 * serial / r['wall_s']:.0f}% |")  # fmt: skip
+                     f"| {serial:.1f}, {100 * serial / r['duration_s']:.0f}% |")  # fmt: skip
     return lines
 
 
@@ -143,7 +142,7 @@ def profile_table(runs: list[Run]) -> list[str]:
     )
     lines.append(f"| prompt tokens served from the cache | - | {hits} |")
     busy = " | ".join(
-        f"{100 * sum(r['profile'][m]['seconds'].values()) / r['wall_s']:.0f}%" for r, m in cols
+        f"{100 * sum(r['profile'][m]['seconds'].values()) / r['duration_s']:.0f}%" for r, m in cols
     )
     lines.append(f"| time in the phases / run wall time | - | {busy} |")
     return lines

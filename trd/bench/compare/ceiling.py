@@ -27,10 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trd.bench.record import Record
 from trd.bench.stats import percentile
 from trd.engines.stats import WINDOW
-
-from benchkit.client import Record
 
 Snapshot = Mapping[str, Mapping[str, Any]]  # engine name -> its raw Stats body
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchkit.targets import FULL, Row, find
+from trd.bench.compare.targets import FULL, Row, find
 
 Run = dict[str, Any]
 
@@ -40,10 +40,11 @@ def batching_gain(runs: list[Run], top_n: int, rows: list[Row]) -> list[str]:
 def delayed_batching(runs: list[Run], top_n: int, thresholds: dict[str, Any]) -> list[str]:
     """Why the no-delayed-batching ablation was not slower, when it was not."""
     a, b = find(runs, "no_delayed_batching", "short", top_n), find(runs, FULL, "short", top_n)
-    if not (a and b) or a["throughput"] < b["throughput"]:
+    if not (a and b) or a["output_throughput"] < b["output_throughput"]:
         return []
     return [f"Delayed batching did not pay in this run: no_delayed_batching ran "
-            f"{a['throughput'] / b['throughput']:.2f}x tokenrouterd's throughput at N={top_n} "
+            f"{a['output_throughput'] / b['output_throughput']:.2f}x tokenrouterd's throughput "
+            f"at N={top_n} "
             f"with the Markov model's thresholds `{thresholds}`."]  # fmt: skip
 
 

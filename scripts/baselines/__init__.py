@@ -1,1 +1,0 @@
-"""Baselines tokenrouterd is measured against: research-code loop, standard serving."""

@@ -1,0 +1,64 @@
+"""`bench compare --plan baseline` (trd/bench/compare/baseline.py): its table, and a run of
+its smoke size on the fixture pair (slow tier: two daemons started one after another)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trd.bench.compare.baseline import BASELINES, LLAMA, table
+from trd.bench.compare.cli import main
+
+CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
+
+
+def summary(tok_s: float, large: float | None, failed: int = 0) -> dict[str, object]:
+    ms = {"mean": 1.0, "p50": 1500.0, "p90": 2.0, "p99": 3.0}
+    return {"output_throughput": tok_s, "ttft_ms": ms, "tpot_ms": ms, "e2el_ms": ms,
+            "large_share": large, "requests": 2, "failed": failed}  # fmt: skip
+
+
+def test_the_table_says_which_answers_kept_their_text_across_n() -> None:
+    recs = [{"prompt": "p1", "text": "a"}, {"prompt": "p2", "text": "b"}]
+    changed = [{"prompt": "p1", "text": "a"}, {"prompt": "p2", "text": "c"}]
+    runs = [
+        {"system": "tokenrouterd", "n": 1, "summary": summary(3.5, 0.25), "records": recs},
+        {"system": "tokenrouterd", "n": 16, "summary": summary(9.0, 0.25), "records": changed},
+        {"system": "llama_server_small", "n": 1, "summary": summary(5.0, None), "records": recs},
+    ]
+    lines = table(runs)
+    assert lines[2] == "| tokenrouterd | 1 | 3.50 | 1500 | 1500.0 | 1.5 | 25.0 | 2/2 | 0 |"
+    assert lines[3].startswith("| tokenrouterd | 16 | 9.00 |") and "| 1/2 |" in lines[3]
+    assert lines[4].endswith("| 1.5 | - | 2/2 | 0 |")  # no producers: no large share
+
+
+def test_the_baseline_plan_is_the_issues_table() -> None:
+    plan = BASELINES["baseline"]
+    assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 256, True)
+    assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
+                     "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_baseline_smoke_run_measures_each_system_in_turn(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "baseline.json"
+    argv = ["--plan", "baseline_smoke", "--pair", "tiny", "--cache-dir", str(CACHE_DIR),
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["kind"] == "bench compare" and list(result["systems"]) == [
+        "tokenrouterd", "std_large"]  # fmt: skip
+    got = [(r["system"], r["n"], r["summary"]["requests"], r["summary"]["output_tokens"],
+            r["summary"]["failed"]) for r in result["runs"]]  # fmt: skip
+    assert got == [(s, n, 2, 16, 0) for s in ("tokenrouterd", "std_large") for n in (1, 2)]
+    assert [r["settings"]["dataset"] for r in result["runs"]] == ["code"] * 4
+    ours = result["systems"]["tokenrouterd"]
+    std = result["systems"]["std_large"]
+    assert [m["name"] for m in std["models"]] == ["large"] and len(ours["models"]) == 2
+    assert {k: v for k, v in std.items() if k not in ("models", "policy")} == {
+        k: v for k, v in ours.items() if k not in ("models", "policy")
+    }  # like for like: every other setting the same

@@ -1,0 +1,159 @@
+"""`bench compare --plan baseline`: the demo pair beside llama.cpp's server, as a CPU user
+would compare them, on the same code prompts through the same client.
+
+    llama_server_large              llama-server, the 1.5B alone (its Q4_K_M GGUF)
+    llama_server_small              llama-server, the 0.5B alone
+    llama_server_large+draft_small  llama-server, the 1.5B with the 0.5B as draft (-md)
+    tokenrouterd                    our daemon with the demo's config (`--demo`'s: the
+                                    pair in its dtype, R-Stitch at the demo's threshold)
+    std_large                       standard serving of the 1.5B in our engine: the daemon
+                                    with the 1.5B alone, the same settings
+
+Each system in turn (never two at once) is started, warmed up (two requests), measured
+at each N (closed loop: `bench serve`'s client on the chat endpoint, the same HumanEval
+code prompts, greedy, EOS ignored so every request makes exactly `max_tokens` tokens)
+and stopped. llama-server gets --parallel = the largest N and threads = the machine's
+cores. Outputs are not compared across systems (llama.cpp computes on the quantised
+blocks, ours on the imported weights); within a system, the table says how many answers
+at each N are the N=1 answers' text. `baseline_smoke` runs the two daemons on the
+fixture pair at a tiny size (no llama-server: the fixtures have no GGUF).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trd.bench import datasets, llamacpp
+from trd.bench.result import Result
+from trd.bench.serve import measure
+from trd.bench.server import Server, daemon_config, serve_config
+from trd.demo.pair import ensure_demo_pair
+
+START_TIMEOUT_S = 1200.0  # the demo pair's two engines load 4.5 GB on a busy 2-core host
+
+
+@dataclass(frozen=True, slots=True)
+class BaselinePlan:
+    ns: tuple[int, ...]
+    prompts: int  # HumanEval code prompts (the dataset's seeded order, the first ones)
+    max_tokens: int
+    llama: bool  # run the llama-server systems
+
+
+BASELINES = {
+    "baseline": BaselinePlan(ns=(1, 16), prompts=16, max_tokens=256, llama=True),
+    "baseline_smoke": BaselinePlan(ns=(1, 2), prompts=2, max_tokens=8, llama=False),
+}
+LLAMA = {
+    "llama_server_large": ("large", None),
+    "llama_server_small": ("small", None),
+    "llama_server_large+draft_small": ("large", "small"),
+}
+
+
+def systems(plan: BaselinePlan, pair: str, cache_dir: Path | None) -> dict[str, Any]:
+    """name -> (its config for the result, a function that starts it in a folder)."""
+    demo = ensure_demo_pair(pair, cache_dir)
+    common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
+                              "max_model_len": demo.max_model_len}  # fmt: skip
+    ours = {
+        "tokenrouterd": daemon_config(
+            demo.models, {"name": "rstitch", "threshold": demo.threshold}, **common
+        ),
+        "std_large": daemon_config({"large": demo.models["large"]}, {"name": "rstitch"}, **common),
+    }
+    out: dict[str, Any] = {}
+    if plan.llama:
+        for name, (model, draft) in LLAMA.items():
+            system = llamacpp.LlamaSystem(model, draft, parallel=max(plan.ns))
+            ggufs = llamacpp.demo_ggufs(system, cache_dir)
+            out[name] = (system.config(ggufs), _llama(system, cache_dir))
+    for name, cfg in ours.items():
+        out[name] = ({"kind": "tokenrouterd", **cfg}, _daemon(name, cfg))
+    return out
+
+
+def _llama(system: llamacpp.LlamaSystem, cache_dir: Path | None) -> Callable[[Path], Server]:
+    return lambda folder: llamacpp.start(system, folder, cache_dir).up(START_TIMEOUT_S)
+
+
+def _daemon(name: str, cfg: dict[str, Any]) -> Callable[[Path], Server]:
+    return lambda folder: serve_config(name, cfg, folder, START_TIMEOUT_S)
+
+
+def load_args(plan: BaselinePlan, n: int, prompts: int) -> argparse.Namespace:
+    """The `bench serve` options of one run."""
+    return argparse.Namespace(
+        model=None, endpoint="chat", dataset="code", num_prompts=prompts, seed=0,
+        max_tokens=plan.max_tokens, max_concurrency=n, request_rate=float("inf"),
+        temperature=0.0, ignore_eos=True, no_token_ids=False,
+    )  # fmt: skip
+
+
+async def run_system(
+    name: str, url: str, plan: BaselinePlan, convs: list[datasets.Conversation]
+) -> list[dict[str, Any]]:
+    await measure(url, load_args(plan, 2, 2), convs[:2], f"{name} warm-up")
+    runs = []
+    for n in plan.ns:
+        run = await measure(url, load_args(plan, n, len(convs)), convs, name)
+        runs.append({**run, "n": n})
+        s = run["summary"]
+        print(f"{name:32} N={n:<3} {cell(s['output_throughput'], '.2f')} tok/s  TTFT p50 "
+              f"{cell(s['ttft_ms']['p50'])} ms  failed {s['failed']}", flush=True)  # fmt: skip
+    return runs
+
+
+def run_baseline(
+    plan_name: str, pair: str, out: Path, cache_dir: Path | None, command: list[str]
+) -> Result:
+    """Every system of the plan, one after another; the result written to `out`."""
+    plan = BASELINES[plan_name]
+    result = Result("bench compare", command)
+    result.add(plan_name=plan_name, plan={"ns": list(plan.ns), "prompts": plan.prompts,
+                                          "max_tokens": plan.max_tokens}, pair=pair)  # fmt: skip
+    convs = datasets.load("code", plan.prompts, 0, endpoint="chat")
+    logs = out.parent / f"logs-{plan_name}"
+    logs.mkdir(parents=True, exist_ok=True)
+    for name, (config, start) in systems(plan, pair, cache_dir).items():
+        result.system(name, config)
+        server = start(logs)
+        try:
+            for run in asyncio.run(run_system(name, server.url, plan, convs)):
+                result.run(run)
+        finally:
+            server.stop()
+    result.write(out)
+    print("\n".join(table(result.body["runs"])))
+    return result
+
+
+def table(runs: list[dict[str, Any]]) -> list[str]:
+    """One row per system and N: throughput, latencies (p50), the answers' agreement."""
+    first = {r["system"]: {x["prompt"]: x["text"] for x in r["records"]}
+             for r in runs if r["n"] == min(x["n"] for x in runs)}  # fmt: skip
+    lines = [
+        "| system | N | output tok/s | TTFT p50 ms | TPOT p50 ms | E2EL p50 s | large % "
+        "| same text as the first N | failed |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        s = r["summary"]
+        same = sum(first[r["system"]].get(x["prompt"]) == x["text"] for x in r["records"])
+        large = "-" if s["large_share"] is None else f"{100 * s['large_share']:.1f}"
+        e2el = None if s["e2el_ms"]["p50"] is None else s["e2el_ms"]["p50"] / 1e3
+        lines.append(
+            f"| {r['system']} | {r['n']} | {cell(s['output_throughput'], '.2f')} "
+            f"| {cell(s['ttft_ms']['p50'], '.0f')} | {cell(s['tpot_ms']['p50'])} "
+            f"| {cell(e2el)} | {large} | {same}/{s['requests']} | {s['failed']} |"
+        )
+    return lines
+
+
+def cell(value: float | None, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
