@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 import uvloop
-from bench_ring import _STAMP, pct, ponger, recv
+from bench_ring import _STAMP, ponger, recv
 
+from trd.bench.stats import summary
 from trd.ipc.mesh import Mesh
 from trd.ipc.names import instance_prefix
 from trd.ipc.ring import Ring
@@ -135,8 +136,8 @@ def main() -> int:
         results["link"] = over_link(ns, n)
     for name, (there, back) in results.items():
         for way, xs in (("->", there), ("<-", back)):
-            print(f"{name:4s} one-way {way}  p50 {pct(xs, 0.5):7.1f} us   "
-                  f"p99 {pct(xs, 0.99):8.1f} us")  # fmt: skip
+            s = summary(xs, 1e6)  # microseconds
+            print(f"{name:4s} one-way {way}  p50 {s['p50']:7.1f} us   p99 {s['p99']:8.1f} us")
     return 0
 
 

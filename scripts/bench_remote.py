@@ -31,7 +31,7 @@ from typing import Any
 from trd.bench import server
 from trd.bench.engines import make_jobs, run_closed_loop
 from trd.bench.server import daemon_config, launch_engine_host
-from trd.bench.stats import percentile
+from trd.bench.stats import percentile, summary
 from trd.config import load_config
 from trd.supervisor.deployment import plan_deployment
 from trd.supervisor.group import EngineGroup
@@ -81,15 +81,9 @@ def measure(group: EngineGroup, jobs: list[Any], n: int) -> dict[str, Any]:
         "tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
         "large_fraction": sum(m == 1 for r in results for m in r.models) / tokens,
         "handoffs": len(lat[0]) + len(lat[1]),
-        "small_to_large_us": percentiles(lat[1]), "large_to_small_us": percentiles(lat[0]),
+        "small_to_large_us": summary(lat[1], 1e6), "large_to_small_us": summary(lat[0], 1e6),
         "batch_mean": {name: stats[m].get("batch_size_mean") for m, name in enumerate(NAMES)},
     }  # fmt: skip
-
-
-def percentiles(xs: list[float]) -> dict[str, float | None]:
-    if len(xs) < 2:
-        return {"p50": None, "p99": None, "n": len(xs)}
-    return {"p50": percentile(xs, 50) * 1e6, "p99": percentile(xs, 99) * 1e6, "n": len(xs)}
 
 
 def main() -> int:

@@ -11,8 +11,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -298,19 +296,14 @@ def test_engine_that_fails_to_start_is_named_with_its_last_log_lines(
     weights["model.norm.wrong"] = weights.pop("model.norm.weight")  # headers still plan fine
     save_file(weights, broken / "model.safetensors")
     config = write_config(tmp_path, {"broken": broken}, ["broken"])
-    log_path = tmp_path / "daemon.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trd.daemon", "--config", str(config)],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    assert proc.wait(120) == 1, log_path.read_text()
-    text = log_path.read_text()
+    d = launch_daemon(config)
+    assert d.proc.wait(120) == 1, d.log()
+    text = d.log()
     error = text[text.index("engine 'broken' failed to start") :]
     assert "missing: ['model.norm.weight']" in error
     assert "last log lines of engine 'broken':" in error
     assert "ERROR engine[broken] failed to start" in error.split("last log lines")[1]
-    assert shm_segments(proc.pid) == []
+    assert shm_segments(d.proc.pid) == []
 
 
 def children(pid: int) -> list[int]:
