@@ -32,7 +32,7 @@ from trd.testing.reference import ReferenceRouter
 from daemon_fixture import Daemon, launch_daemon, wait_serving, write_config
 
 NAMES = ["small", "large"]
-POLICY = {"name": "rstitch", "threshold": 0.78}
+POLICY: dict[str, Any] = {"name": "rstitch", "threshold": 0.78}
 PROMPTS = ["def parse(", "The quick brown fox", "import os\n\n"]
 MAX_TOKENS = 24
 ROUTINGS: dict[str, dict[str, Any]] = {
@@ -69,7 +69,7 @@ def oracle(launched: Daemon, tiny_models: dict[str, Path]) -> Expected:
         for prompt in PROMPTS:
             trace = ref.run(tok.encode(prompt), params)
             counts = {n: trace.models.count(i) for i, n in enumerate(NAMES)}
-            out[name, prompt] = tok.decode(trace.tokens), counts
+            out[name, prompt] = str(tok.decode(trace.tokens)), counts
     return out
 
 
@@ -80,7 +80,8 @@ def daemon(launched: Daemon, oracle: Expected) -> Daemon:
 
 def complete(d: Daemon, prompt: str, stream: bool, **body: Any) -> tuple[str, dict[str, Any]]:
     """The text and the one choice's routing fields (a stream: its last chunk's)."""
-    kw = {"model": d.model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+    kw: dict[str, Any] = {"model": d.model, "prompt": prompt, "max_tokens": MAX_TOKENS}
+    kw["temperature"] = 0
     extra = {"ignore_eos": True, **body}
     if not stream:
         resp = d.client().completions.create(**kw, extra_body=extra)
@@ -162,7 +163,7 @@ def test_the_large_engine_admits_waiting_handoffs_by_priority(daemon: Daemon) ->
 
 
 def request_id(d: Daemon, prompt: str, body: dict[str, Any]) -> str:
-    kw = {"model": d.model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    kw: dict[str, Any] = {"model": d.model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     resp = d.client().completions.create(**kw, extra_body={"ignore_eos": True, **body})
     assert (resp.model_extra or {})["tokens_per_model"] == {"small": 0, "large": 8}
     return resp.id

@@ -70,7 +70,7 @@ NOOPS: dict[str, list[Any]] = {
     "skip_special_tokens": [None, True], "spaces_between_special_tokens": [None, True],
     "truncate_prompt_tokens": [None], "guided_json": [None], "guided_regex": [None],
     "guided_choice": [None], "guided_grammar": [None], "structural_tag": [None],
-    "structured_outputs": [None], "priority": [None, 0],
+    "structured_outputs": [None], "priority": [None, 0, -3, 7],
     "chat_template": [None],
 }  # fmt: skip
 # Values the schema accepts, per field (min_tokens may still exceed max_tokens).
@@ -103,6 +103,11 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "add_generation_prompt": st.booleans(),
     "continue_final_message": st.just(False),  # with add_generation_prompt true: a 400
     "chat_template_kwargs": st.dictionaries(st.sampled_from(["enable_thinking", "x"]), junk),
+    # One of three keys; a threshold off the policy's scale is a 400 naming it.
+    "routing": st.none()
+    | st.fixed_dictionaries({"large_share": st.floats(0, 1, exclude_min=True, exclude_max=True)})
+    | st.fixed_dictionaries({"threshold": st.floats(0, 2)})
+    | st.fixed_dictionaries({"model": st.sampled_from(["small", "large", "mid"])}),
     "unknown_field": junk,  # ignored
 }
 EDGES = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
