@@ -30,7 +30,7 @@ from typing import Any
 
 from trd.bench import datasets, llamacpp
 from trd.bench.result import Result
-from trd.bench.serve import measure
+from trd.bench.serve import add_load_args, measure
 from trd.bench.server import Server, daemon_config, serve_config
 from trd.demo.pair import ensure_demo_pair
 
@@ -87,12 +87,14 @@ def _daemon(name: str, cfg: dict[str, Any]) -> Callable[[Path], Server]:
 
 
 def load_args(plan: BaselinePlan, n: int, prompts: int) -> argparse.Namespace:
-    """The `bench serve` options of one run."""
-    return argparse.Namespace(
-        model=None, endpoint="chat", dataset="code", num_prompts=prompts, seed=0,
-        max_tokens=plan.max_tokens, max_concurrency=n, request_rate=float("inf"),
-        temperature=0.0, ignore_eos=True, no_token_ids=False,
-    )  # fmt: skip
+    """The `bench serve` options of one run: its parser's defaults, whatever it gains."""
+    p = argparse.ArgumentParser()
+    add_load_args(p)
+    argv = ["--dataset", "code", "--num-prompts", str(prompts), "--ignore-eos",
+            "--max-tokens", str(plan.max_tokens), "--max-concurrency", str(n)]  # fmt: skip
+    args = p.parse_args(argv)
+    args.model = None  # the one the server lists
+    return args
 
 
 async def run_system(
