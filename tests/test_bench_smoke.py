@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from trd.bench.compare import headline
 from trd.bench.compare.pairs import load_pair
 from trd.bench.compare.plan import PLANS
 from trd.bench.compare.plots import series_vs_n
@@ -190,10 +191,8 @@ def test_a_throughput_above_its_bound_is_not_comparable(result: Data) -> None:
 
 
 def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
-    hand = "<!-- a note to the editor -->\n\n## Hand-written\n\nA measured run.\n"
     extra = {**result, "plan_name": "pair_long"}  # a further run of the main pair
-    md = render(result, tmp_path / "benchmarks.md", tiny=result, sections=hand, extras=[extra])
-    assert "## Hand-written\n\nA measured run.\n\n## Systems" in md and "editor" not in md
+    md = render(result, tmp_path / "report.md", tiny=result, extras=[extra])
     for row in rows_of(result).values():
         assert row.markdown() in md
     # main + the extra run + tiny, the extra one before the tiny table
@@ -222,6 +221,33 @@ def test_report_is_generated_from_the_run(result: Data, tmp_path: Path) -> None:
     assert "ran 3 time(s)" in md2
     assert f"| {FULL} | short (chat ~61->{chat['max_tokens']}) | 1 |" in md2
     assert "repeats differed" in md and "repeats differed" not in md2
+
+
+def test_the_headline_block_is_written_from_the_files_it_names(
+    result: Data, tmp_path: Path
+) -> None:
+    """`bench report --headline`: the block's rows and command come from its file, the
+    text around it stays, a second pass changes nothing, a changed file changes it."""
+    folder = tmp_path / "results" / "run"
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps(result))
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.parent.mkdir()
+    name = "results/run/result.json"
+    doc.write_text(f"# Method\n\n{headline.OPEN}{name} -->\nstale\n{headline.CLOSE}\n\nEnd.\n")
+    assert headline.update(doc, tmp_path)
+    text = doc.read_text()
+    assert text.startswith("# Method\n\n") and text.endswith(f"{headline.CLOSE}\n\nEnd.\n")
+    assert "stale" not in text and "[result](../results/run/result.json)" in text
+    for row in rows_of(result).values():
+        assert (f"| `smoke` |{row.markdown()[1:]}" in text) == (row.measured != "not run")
+    assert f"`tokenrouterd bench compare --plan smoke --pair tiny --cache-dir {CACHE_DIR} " \
+        f"--out {name}`" in text  # fmt: skip
+    assert not headline.update(doc, tmp_path)
+    faster = copy.deepcopy(result)
+    run_of(faster, FULL, "short", max(PLANS["smoke"].ns))["output_throughput"] *= 2
+    (folder / "result.json").write_text(json.dumps(faster))
+    assert headline.update(doc, tmp_path) and doc.read_text() != text
 
 
 def test_the_batching_bound_counts_the_runs_batches_at_calibrated_costs(result: Data) -> None:

@@ -18,13 +18,14 @@ and the same greedy requests (EOS ignored):
 Every request of every system is compared, by its token ids and the model that produced
 each, with the official loop's output for the same prompt. Pairs: `--pair demo` (the
 real pair, chat prompts; the report's main table) or `--pair tiny` (the fixtures; the
-quicker second table). The report (the real pair's `pair` plan takes about an hour on
-2 cores; its `full` plan, many hours):
+quicker second table). A run goes in a folder of its own under results/
+(results/README.md); the real pair's `pair` plan takes about an hour on 2 cores, its
+`full` plan many hours:
 
-    tokenrouterd bench compare --pair demo --plan pair --out results/demo.json
-    tokenrouterd bench compare --pair tiny --out results/tiny.json
-    tokenrouterd bench report results/demo.json --tiny results/tiny.json \\
-        --sections docs/benchmark_sections.md
+    tokenrouterd bench compare --pair demo --plan pair --out results/DATE-demo/result.json
+    tokenrouterd bench compare --pair tiny --out results/DATE-tiny/result.json
+    tokenrouterd bench report results/DATE-demo/result.json    # report.md beside it
+    tokenrouterd bench report --headline docs/benchmarks.md    # its headline blocks
 
 `--agent` runs only the agent-trajectory workload (`agent.py`: multi-turn
 conversations resending all so far; tokenrouterd with its prefix cache on and off,
@@ -33,7 +34,7 @@ the full shape (6 turns of 128 tokens at N = 4, 16) takes hours; a smaller run k
 prompts' shape and cuts turns, answers and N:
 
     tokenrouterd bench compare --pair demo --agent --agent-n 4 --agent-turns 3 \
-        --agent-answer 32 --out results/agent-demo.json
+        --agent-answer 32 --out results/DATE-agent-demo/result.json
 
 `--agent-pace JSON` replays standard serving's send times from such a run (same N, turns
 and conversations), so a system is measured at that offered load instead of its own.

@@ -1,27 +1,30 @@
 """`tokenrouterd bench report`: `bench compare`'s JSON as markdown, with matplotlib plots.
 
-    tokenrouterd bench report results/demo.json [--extra results/demo_long.json] \\
-        [--tiny results/tiny.json] [--sections docs/benchmark_sections.md] \\
-        [--out docs/benchmarks.md]
+    tokenrouterd bench report results/DIR/result.json [--extra results/DIR2/result.json] \\
+        [--tiny results/DIR3/result.json] [--out results/DIR/report.md]
+    tokenrouterd bench report --headline docs/benchmarks.md
 
-The main JSON (the real pair) gives the report; `--extra` adds further runs of the main
-pair under other plans (e.g. `pair_long`, the output lengths), each with its targets,
+The full report: the main JSON gives it; `--extra` adds further runs of the main pair
+under other plans (e.g. `pair_long`, the output lengths), each with its targets,
 identity, ceiling and runs; `--tiny` adds the fixture pair's run as a second, quicker
-table; `--sections` appends hand-written sections (runs of other
-scripts, kept in their own file) as they are, before the list of systems. Every sentence
-that depends on a run is generated from that run's JSON: the machine, the pair, the plan,
-the verdicts and their reasons, the notes.
-Identity is recomputed here from the runs' digests and the reference table.
+table. It is written beside the main JSON (`report.md`), its plots beside it. Every
+sentence that depends on a run is generated from that run's JSON: the machine, the
+pair, the plan, the verdicts and their reasons, the notes. Identity is recomputed here
+from the runs' digests and the reference table.
+
+The short form (`--headline DOC`): the blocks of DOC that name result files are
+rewritten from them, and nothing else in DOC (`headline.py`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
+import sys
 from pathlib import Path
 from typing import Any
 
+from trd.bench.compare import headline
+from trd.bench.compare.headline import read, top
 from trd.bench.compare.notes import notes
 from trd.bench.compare.plots import write_plots
 from trd.bench.compare.tables import (
@@ -76,14 +79,10 @@ SYSTEMS = {  # what each system is (the code), shown for the systems a run has
 }
 
 
-def top(data: dict[str, Any]) -> int:
-    return max(data["plan"]["ns"])
-
-
 def setting(data: dict[str, Any]) -> list[str]:
     """What was run, where, and how: all from the JSON."""
     m, plan, pair = data["machine"], data["plan"], data["pair"]
-    load = "/".join(f"{x:g}" for x in m["start"]["load"])
+    load = "/".join(f"{x:g}" for x in m["start"]["load"]) if m.get("start") else "not recorded"
     lengths = ", ".join(map(str, plan["lengths"]))
     sweep = f"output lengths {lengths} at N={top(data)}" if lengths else "no output-length sweep"
     gpu = f"GPU {data['gpu']} present, not used" if data.get("gpu") else "no GPU"
@@ -156,7 +155,6 @@ def render(
     data: dict[str, Any],
     out: Path,
     tiny: dict[str, Any] | None = None,
-    sections: str = "",
     extras: list[dict[str, Any]] | None = None,
 ) -> str:
     runs, n = data["runs"], top(data)
@@ -220,8 +218,6 @@ def render(
         second, tiny_rows = pair_section(tiny, f"Second table: pair `{tiny['pair']['name']}`")
         lines += [*second, "Notes:", "",
                   *[f"- {note}" for note in notes(tiny, tiny_rows, top(tiny))], ""]  # fmt: skip
-    if sections:  # without the file's leading comment (it speaks to whoever edits it)
-        lines += [re.sub(r"\A<!--.*?-->\s*", "", sections, flags=re.S).rstrip(), ""]
     ran = {r["system"] for d in (data, tiny, *(extras or [])) if d is not None for r in d["runs"]}
     lines += ["## Systems", "", *(f"- **{k}**: {v}" for k, v in SYSTEMS.items() if k in ran)]
     return "\n".join(lines) + "\n"
@@ -230,18 +226,32 @@ def render(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tokenrouterd bench report", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
-    ap.add_argument("results", type=Path, help="the main run (the real pair)")
+    ap.add_argument("results", type=Path, nargs="?", help="the main run (the real pair)")
     ap.add_argument("--extra", type=Path, nargs="+", default=[],
                     help="further runs of the main pair (other plans): a section each")  # fmt: skip
     ap.add_argument("--tiny", type=Path, help="the fixture pair's run: a second table")
-    ap.add_argument("--sections", type=Path, help="hand-written sections to append (markdown)")
-    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    ap.add_argument("--out", type=Path, help="the full report (default: report.md beside "
+                    "the main run)")  # fmt: skip
+    ap.add_argument("--headline", type=Path, metavar="DOC",
+                    help="rewrite DOC's result blocks from the files they name (paths from "
+                    "the current folder, the checkout's root)")  # fmt: skip
     args = ap.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tiny = json.loads(args.tiny.read_text()) if args.tiny else None
-    sections = args.sections.read_text() if args.sections else ""
-    extras = [json.loads(path.read_text()) for path in args.extra]
-    main_run = json.loads(args.results.read_text())
-    args.out.write_text(render(main_run, args.out, tiny, sections, extras))
-    print(f"wrote {args.out}")
+    if args.headline:
+        if args.results or args.extra or args.tiny or args.out:
+            ap.error("--headline takes no result files: its blocks name them")
+        try:
+            changed = headline.update(args.headline, Path.cwd())
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"tokenrouterd bench report: {exc}", file=sys.stderr)
+            return 2
+        print(f"{'rewrote' if changed else 'unchanged:'} {args.headline}")
+        return 0
+    if args.results is None:
+        ap.error("give the main run's JSON, or --headline DOC")
+    out = args.out or args.results.with_name("report.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tiny = read(args.tiny) if args.tiny else None
+    extras = [read(path) for path in args.extra]
+    out.write_text(render(read(args.results), out, tiny, extras))
+    print(f"wrote {out}")
     return 0
