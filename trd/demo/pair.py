@@ -14,11 +14,12 @@ DEMOS = ("qwen", "tiny")
 # R-Stitch thresholds (on the small model's normalised entropy) that leave the large model
 # 10-30% of the output tokens. qwen: on the 16 chat and code questions of
 # `tokenrouterd eval calibrate` the 0.5B is unsure (H > tau) at 20.5% of its greedy positions
-# at 0.1 (37% at 0.05, 6% at 0.2), and routed answers to docs/demo.md's ten questions get
-# the share that file reports. Fixed, not the share control, so that a question gets the
-# same answer whatever traffic came before (`--large-share` holds a share instead).
-# Code alone makes the 0.5B surer: HumanEval needs a lower tau for the same share.
-# tiny: on held-out fixture text (`scripts/bench_routing.py`, `trd.evals.calibrate.bisect`).
+# at 0.1 (37% at 0.05, 6% at 0.2; docs/demo.md); `tokenrouterd eval demo` reports the
+# share of the routed answers to its ten questions. Fixed, not the share control, so that
+# a question gets the same answer whatever traffic came before (`--large-share` holds a
+# share instead). Code alone makes the 0.5B surer: HumanEval needs a lower tau for the same
+# share. tiny: on held-out fixture text (`tokenrouterd bench engines`,
+# `trd.evals.calibrate.bisect`).
 RSTITCH_TAU = {"qwen": 0.1, "tiny": 0.82}
 # Longest prompt + output the demo serves: the fixtures were trained on 128-token windows
 # with a 1024-position RoPE table; Qwen2.5 has 32768 positions, 4096 keeps the KV small.

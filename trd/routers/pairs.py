@@ -1,5 +1,5 @@
 """The pair and prompt source of the router commands' command lines (`tokenrouterd
-train-router`, scripts/eval_routing.py): `--pair NAME`, or `--small/--large` folders
+train-router`, `tokenrouterd eval routing`): `--pair NAME`, or `--small/--large` folders
 (either overrides the pair's)."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ sentence (or 32 tokens) differs from the one after the large model's own token.
 Training (trd/routers/fit.py): BCE with pos_weight = negatives/positives; the threshold is
 R2R's: on held-out prompts, the lowest large-token share at recall >= 0.95.
 Prompts: trd/routers/prompts.py; none shared with the chat prompts that
-scripts/eval_routing.py judges heads on.
+`tokenrouterd eval routing` judges heads on.
 """
 
 from __future__ import annotations
