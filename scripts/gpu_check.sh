@@ -29,7 +29,7 @@
 # On the device machine (its own Python, torch, nvcc, ninja, psutil; no network):
 #   1. Here, once: scripts/gpu_check_prepare.sh  (fills .gpu/, under 64 MiB: the wheels
 #      `import flashinfer` and the daemon need there, the fixture tokenizer, an MPS package)
-#   2. run(command="bash scripts/gpu_check.sh $OUT", carry=[".gpu"], timeout_s=600)
+#   2. Copy the tree with .gpu/ to the GPU host; there: timeout 600 bash scripts/gpu_check.sh OUT
 set -u
 
 if [ "${1:-}" = "--dry-run" ]; then
