@@ -143,6 +143,7 @@ BAD = [  # (key to set, value, expected start of the message)
     ("engine.attention", "xformers", "engine.attention: 'xformers': expected one of"),
     ("engine.pag_size", 16, "engine.pag_size: 16: unknown key"),
     ("engine.pending_kv", "no", "engine.pending_kv: 'no': expected true or false"),
+    ("engine.grammar_cache", 0, "engine.grammar_cache: 0: must be >= 1"),
     ("engine.step_sync", 1, "engine.step_sync: 1: expected true or false"),
     ("engine.spin_ms", -1, "engine.spin_ms: -1: must be >= 0"),
     ("engine.cpu_linear", "mkl", "engine.cpu_linear: 'mkl': expected one of"),

@@ -37,7 +37,7 @@ import torch
 from llguidance import LLMatcher
 
 from trd.engines.request import Request
-from trd.grammar.compile import GrammarError, Grammars
+from trd.grammar.compile import CACHE_SIZE, GrammarError, Grammars
 
 BITS = 32
 
@@ -51,15 +51,23 @@ class GrammarState:
 
 
 class Constraints:
-    def __init__(self, tokenizer_dir: Path, eos_ids: Sequence[int]) -> None:
+    def __init__(
+        self, tokenizer_dir: Path, eos_ids: Sequence[int], cache_size: int = CACHE_SIZE
+    ) -> None:
         self.tokenizer_dir, self.eos_ids = Path(tokenizer_dir), tuple(eos_ids)
+        self.cache_size = cache_size  # compiled grammars kept (engine.grammar_cache)
         self._grammars: Grammars | None = None  # built on the first constrained request
         self.mask_s = 0.0  # seconds spent building and applying masks, for the stats
 
     @property
+    def num_cached(self) -> int:
+        """Compiled grammars this engine keeps (0 before its first constrained request)."""
+        return 0 if self._grammars is None else len(self._grammars)
+
+    @property
     def grammars(self) -> Grammars:
         if self._grammars is None:
-            self._grammars = Grammars(self.tokenizer_dir, self.eos_ids)
+            self._grammars = Grammars(self.tokenizer_dir, self.eos_ids, self.cache_size)
         return self._grammars
 
     def sync(self, req: Request) -> str | None:

@@ -55,7 +55,9 @@ class Engine:
             pool(spec.kv_pages, spec.settings.page_size), spec.settings, spec.context
         )
         self._rids = itertools.count()
-        self.constraints = Constraints(spec.checkpoint.path, self.cfg.eos_token_ids)
+        self.constraints = Constraints(
+            spec.checkpoint.path, self.cfg.eos_token_ids, spec.settings.grammar_cache
+        )
 
     # -- requests ---------------------------------------------------------------------
     def add_request(

@@ -102,6 +102,10 @@ class EngineSettings:
         "handoff to it finds the prompt in its prefix cache (costs its compute for requests "
         "it never serves; needs prefix_cache)",
     )  # fmt: skip
+    grammar_cache: int = setting(
+        256, "compiled grammars an engine keeps for the next request with the same one "
+        "(least recently used dropped; 30-200 KB each)", low=1,
+    )  # fmt: skip
     pending_kv: bool = setting(True, "ablation: false frees a request's KV when it leaves")
     step_sync: bool = setting(False, "ablation: true puts a global barrier between steps")
     cuda_graphs: bool = setting(True, "on CUDA: replay captured graphs for steps that fit a bucket")
