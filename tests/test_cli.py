@@ -15,12 +15,13 @@ STATUS: dict[str, Any] = {
     "state": "serving", "reason": "", "pid": 42, "uptime_s": 3725.0, "restarts": 1,
     "model": "small+large", "active_requests": 3, "max_inflight": 256,
     "policy": {"name": "rstitch", "threshold": 0.5}, "handoffs_per_s": 12.34,
+    "memory": {"rss_bytes": 451 << 20},
     "mps": {"state": "running", "reason": "", "pid": 77, "pipe_dir": "/run/trd/mps/pipe"},
     "engines": [
         {"model": 0, "name": "small", "pid": 43, "device": "cpu", "dtype": "float32",
          "state": "ready", "kv_pages_used": 10, "kv_pages_free": 246, "running": 2,
          "waiting": 0, "pending": 1, "tokens_per_s": 80.0, "handoffs_per_s": 12.34,
-         "batch_size_mean": 1.5, "thresholds": [1],
+         "batch_size_mean": 1.5, "thresholds": [1], "memory": {"rss_bytes": 1462 << 20},
          "prefix_cache": {"cached_pages": 7, "hit_rate": 0.625, "evictions": 3}},
         {"model": 1, "name": "large", "pid": None, "device": "cpu", "dtype": "float32",
          "state": "down", "kv_pages_used": None, "kv_pages_free": None, "running": None,
@@ -37,14 +38,16 @@ def test_status_table_shows_engines_rates_and_plan() -> None:
     text = format_status(STATUS)
     lines = text.splitlines()
     assert lines[0].startswith("tokenrouterd pid 42: serving, model small+large, up 1h02m05s")
-    assert "policy rstitch threshold=0.5; active requests 3/256; handoffs 12.3/s" in lines[1]
+    assert lines[1] == (
+        "policy rstitch threshold=0.5; active requests 3/256; handoffs 12.3/s; resident 451 MiB"
+    )
     assert lines[2] == "MPS: running, control daemon pid 77, pipe /run/trd/mps/pipe"
     small = next(line for line in lines if line.startswith("0 "))
     assert small.split() == ["0", "small", "local", "43", "cpu", "float32", "ready", "10", "246",
-                             "7", "62%", "3", "2", "0", "1", "80.0", "12.3", "1.5",
+                             "7", "62%", "3", "2", "0", "1", "80.0", "12.3", "1.5", "1,462",
                              "[1]"]  # fmt: skip
     large = next(line for line in lines if line.startswith("1 "))
-    assert large.split()[3] == "-" and "down" in large
+    assert large.split()[3] == "-" and "down" in large and large.split()[-2] == "-"
     off = {**STATUS["engines"][0], "prefix_cache": None}  # engine.prefix_cache: false
     row = next(r for r in format_status({**STATUS, "engines": [off]}).splitlines() if r[:2] == "0 ")
     assert row.split()[9:12] == ["off", "-", "-"]

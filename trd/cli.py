@@ -100,11 +100,13 @@ def format_status(s: dict[str, Any]) -> str:
         f" {s['restarts']} restart(s)",
         f"policy {s['policy']['name']} {policy}".rstrip()
         + f"; active requests {s['active_requests']}/{s['max_inflight']}"
-        + f"; handoffs {_num(s['handoffs_per_s']) or '-'}/s",
+        + f"; handoffs {_num(s['handoffs_per_s']) or '-'}/s"
+        + f"; resident {_mib(s.get('memory'))} MiB",
     ]
-    rows: list[list[object]] = [["#", "model", "host", "pid", "device", "dtype", "state", "kv used",
-                                 "kv free", "cached", "hit", "evicted", "run", "wait", "pend",
-                                 "tok/s", "handoff/s", "batch", "thresholds"]]  # fmt: skip
+    rows: list[list[object]] = [["#", "model", "host", "pid", "device", "dtype", "state",
+                                 "kv used", "kv free", "cached", "hit", "evicted", "run", "wait",
+                                 "pend", "tok/s", "handoff/s", "batch", "rss MiB",
+                                 "thresholds"]]  # fmt: skip
     for e in s["engines"]:
         rows.append([
             e["model"], e["name"], e.get("remote") or "local", e["pid"], e["device"], e["dtype"],
@@ -112,13 +114,19 @@ def format_status(s: dict[str, Any]) -> str:
             e["kv_pages_used"], e["kv_pages_free"], *format_cache(e),
             e["running"], e["waiting"], e["pending"],
             _num(e["tokens_per_s"]), _num(e["handoffs_per_s"]), _num(e["batch_size_mean"]),
-            e["thresholds"],
+            _mib(e.get("memory")), e["thresholds"],
         ])  # fmt: skip
     wait = s["thresholds"]["max_wait_ms"]
     if s.get("share"):
         head.append(format_share(s["share"]))
     return "\n".join([*head, format_mps(s["mps"]), "", table(rows), f"max_wait_ms {wait:g}", "",
                       "memory plan:", s["memory_plan_table"]])  # fmt: skip
+
+
+def _mib(memory: dict[str, Any] | None) -> str:
+    """A process's resident size in MiB (trd/engines/memory.py), "-" when not known."""
+    rss = (memory or {}).get("rss_bytes")
+    return "-" if rss is None else f"{rss / 2**20:,.0f}"
 
 
 def format_cache(e: dict[str, Any]) -> list[object]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from trd.engines.engine import Engine
+from trd.engines.memory import heap, resident
 from trd.engines.outbound import PeerGone, Send
 from trd.engines.prefix_cache import PrefixCache
 from trd.engines.request import State
@@ -126,9 +127,22 @@ def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
         "thresholds": node.launch.thresholds, "max_wait_ms": node.launch.max_wait * 1e3,
         "held_launches": node.launch.held_launches, "held_s": node.launch.held_seconds,
         "threads": spec.threads, "wide_forwards": node.threads.wide_forwards,
+        "memory": {**resident(), **heap()}, "live": live_counts(node),
         "time": time.time(), **node.stats.snapshot(),
     }  # fmt: skip
     return json.dumps(body)
+
+
+def live_counts(node: RoutingEngine) -> dict[str, int]:
+    """The engine's structures that grow with traffic, each bounded: requests it holds
+    (0 when idle), finished ids it remembers (up to FINISHED_MEMORY), compiled grammars
+    (up to engine.grammar_cache), prefix-cache blocks (up to its KV pages)."""
+    cache = node.engine.scheduler.cache
+    return {
+        "requests": len(node.requests), "finished_remembered": len(node.out.finished),
+        "grammars_cached": node.engine.constraints.num_cached,
+        "prefix_blocks": 0 if cache is None else cache.num_cached,
+    }  # fmt: skip
 
 
 def prefix_cache_stats(cache: PrefixCache | None) -> dict[str, Any] | None:

@@ -6,8 +6,9 @@ refused, a POST must be `application/json` (not a simple request), and with
 `admin_token` set every request needs `Authorization: Bearer <token>`.
 
 GET  /status       engines, memory plan, KV pages, MPS, active requests, rates, thresholds,
-                   and with `policy.target_large_share` the share control (target, measured
-                   share, threshold in force: trd/supervisor/share.py)
+                   each process's memory (`trd/engines/memory.py`) and each engine's live
+                   structures, and with `policy.target_large_share` the share control
+                   (target, measured share, threshold in force: trd/supervisor/share.py)
 GET  /thresholds   delayed-batching thresholds: what is set and what each engine reports
 POST /thresholds   {"thresholds": {"large": [1, 2, 4]}, "max_wait_ms": 20}: apply live
 GET  /thresholds/recommend   the Markov model's best thresholds from live measurements
@@ -29,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from trd.config import ConfigError, parse_thresholds
+from trd.engines.memory import heap, resident
 from trd.engines.spec import EngineSpec
 from trd.frontend.app import Handler, openai_errors, read_json
 from trd.frontend.openai_api import ApiError
@@ -125,6 +127,7 @@ class AdminApi:
                 "prefills_ahead": s.get("prefills_ahead"),
                 "prefills_adopted": s.get("prefills_adopted"),
                 "prefills_late": s.get("prefills_late"),
+                "memory": s.get("memory"), "live": s.get("live"),
             })  # fmt: skip
         return out
 
@@ -135,6 +138,7 @@ class AdminApi:
         body = {
             "state": self.hub.state, "reason": self.hub.reason, "pid": os.getpid(),
             "uptime_s": time.time() - self.started, "restarts": self.sup.restarts,
+            "memory": {**resident(), **heap()},
             "model": "+".join(s.name for s in self.sup.specs),
             "active_requests": len(self.hub.gens), "max_inflight": cfg.max_inflight,
             "policy": {"name": cfg.policy.name, **cfg.policy.params}, "mps": asdict(self.mps),

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -41,7 +48,18 @@ class _EngineCollector(Collector):
         ("trd_engine_step_ms_p50", "step_ms_p50", "Median forward latency in ms"),
         ("trd_kv_pages_used", "kv_pages_used", "KV cache pages in use"),
         ("trd_kv_pages_total", "kv_pages_total", "KV cache pages of the engine"),
-    )
+        ("trd_engine_resident_bytes", "memory.rss_bytes", "Resident memory of the engine process"),
+        ("trd_engine_resident_anon_bytes", "memory.anon_bytes",
+         "Resident anonymous memory of the engine process (not its mapped weights)"),
+        ("trd_engine_heap_in_use_bytes", "memory.heap_in_use_bytes",
+         "Bytes allocated in the engine's malloc heap"),
+        ("trd_engine_heap_free_bytes", "memory.heap_free_bytes",
+         "Bytes freed and kept in the engine's malloc heap for reuse"),
+        ("trd_engine_requests", "live.requests", "Requests the engine holds (any state)"),
+        ("trd_engine_prefix_cache_blocks", "live.prefix_blocks", "KV blocks in the prefix cache"),
+        ("trd_engine_grammars_cached", "live.grammars_cached",
+         "Compiled grammars the engine keeps (at most engine.grammar_cache)"),
+    )  # fmt: skip
     COUNTERS = (
         ("trd_handoffs", "handoffs_out", "Handoffs sent to another model"),
         ("trd_engine_tokens_committed", "tokens_committed", "Output tokens the engine committed"),
@@ -63,8 +81,9 @@ class _EngineCollector(Collector):
         for name, key, doc in self.GAUGES:
             family = GaugeMetricFamily(name, doc, labels=["model"])
             for model, body in stats.items():
-                if isinstance(body.get(key), int | float):
-                    family.add_metric([model], float(body[key]))
+                value = _value(body, key)
+                if isinstance(value, int | float):
+                    family.add_metric([model], float(value))
             yield family
         for name, key, doc in self.COUNTERS:
             counter = CounterMetricFamily(name, doc, labels=["model"])
@@ -72,6 +91,14 @@ class _EngineCollector(Collector):
                 if isinstance(body.get(key), int | float):
                     counter.add_metric([model], float(body[key]))
             yield counter
+
+
+def _value(body: dict[str, Any], key: str) -> Any:
+    """body[key], or for "a.b" body["a"]["b"]; None where it is missing."""
+    value: Any = body
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 class Metrics:
@@ -117,6 +144,7 @@ class Metrics:
         Gauge("trd_active_requests", "Requests in flight", registry=r).set_function(
             lambda: float(len(requests()))
         )
+        ProcessCollector(registry=r)  # the supervisor's own process_resident_memory_bytes, ...
         r.register(_EngineCollector(engine_stats))
         r.register(VllmCollector(model_name, requests, engine_stats, engines))
 
