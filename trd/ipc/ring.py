@@ -225,12 +225,20 @@ class Ring:
 
 
 def map_segment(name: str) -> mmap.mmap:
+    """Map the segment, every page of it resident from now on.
+
+    A page of a ring is otherwise allocated and mapped when the write position first
+    reaches it, and with frames of tens of bytes a 4 MiB ring takes hours of tokens to
+    wrap: each process's resident size would grow all that while (issue 54). Reading a
+    byte of each page allocates and maps them all now."""
     # Not SharedMemory(name): in 3.11 that registers the segment with this process's
     # resource tracker, which may unlink it when this process exits; unregistering
     # afterwards would drop the creator's registration when both share a tracker (a
     # spawned child does). Only the creator's registration may exist.
     fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
     try:
-        return mmap.mmap(fd, 0)
+        mm = mmap.mmap(fd, 0)
     finally:
         os.close(fd)
+    mm[:: mmap.PAGESIZE]  # a byte of every page: the reads are the point
+    return mm

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
+from collections.abc import Iterable
+
 import torch
 from safetensors import SafetensorError, safe_open
 
@@ -56,6 +59,24 @@ def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
                 f"config.json implies {tuple(expected[key].shape)}"
             )
     model.load_state_dict(weights, assign=True)
+    map_in(weights.values())
     # The rope frequencies are derived, not loaded: build them for real on the device.
     model.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, device)
     return model.eval()
+
+
+def map_in(tensors: Iterable[torch.Tensor]) -> None:
+    """Read a byte of every page of the CPU tensors, so that they are resident from now on.
+
+    A weight kept in the checkpoint's dtype is a view of the file, which safetensors
+    maps: the kernel reads its pages in when they are first touched. A forward reads
+    every matrix whole, but an embedding only in the rows of the tokens it looks up, so
+    without this an engine's resident size grows for hours as token ids it has not seen
+    arrive, up to the whole table (272 MB in Qwen2.5-0.5B, whose LM head is another
+    matrix): a curve an operator cannot tell from a leak (issue 54). The pages stay the
+    file's: shared by every engine of that checkpoint, reclaimable under pressure."""
+    for t in tensors:
+        if t.device.type == "cpu" and t.is_contiguous() and t.numel():
+            flat = t.detach().reshape(-1).view(torch.uint8)
+            flat[:: mmap.PAGESIZE].sum()  # a byte of each page, from the tensor's start
+            flat[-1:].sum()  # and of its last page
