@@ -1,7 +1,9 @@
-"""The one load client: streamed OpenAI-compatible requests, timed (`load.py` sends them).
+"""The one load client: OpenAI-compatible requests, timed (`load.py` and `soak.py` send them).
 
-Each request streams (`stream: true`, usage in the last chunk) from `/v1/chat/completions`
-or `/v1/completions` and is timed as vLLM's `bench serve` times it:
+A request streams (`stream: true`, usage in the last chunk) from `/v1/chat/completions`
+or `/v1/completions` and is timed as vLLM's `bench serve` times it (a body without
+`stream` gets one JSON answer: its TTFT is its latency; a stream may be cut, closed by
+the client after some chunks, as the long-load mode's are):
 
     TTFT     send -> the first chunk with output (text or token ids)
     ITL      the gaps between later output chunks
@@ -125,12 +127,11 @@ class Client:
             rec.prompt_ids = prompt
         await self.send(body, rec)
 
-    async def send(self, body: dict[str, Any], rec: Record) -> None:
-        """Stream one request into `rec` (its error set if it failed)."""
+    async def send(self, body: dict[str, Any], rec: Record, cut_after: int | None = None) -> None:
+        """One request into `rec` (its error set if it failed): streamed when the body
+        says so, else one JSON answer. With `cut_after`, a stream is abandoned after that
+        many output chunks, its connection closed as a client that goes away closes it."""
         sent = time.perf_counter()
-        last = sent
-        usage: dict[str, Any] = {}
-        chunks = 0
         try:
             async with self.session.post(
                 self.url, json=body, headers=headers(self.s.api_key)
@@ -138,39 +139,62 @@ class Client:
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:500]}"
                     return
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line.removeprefix("data:").strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        rec.error = f"error event: {chunk['error']}"
-                        return
-                    if chunk.get("usage"):
-                        usage = chunk
-                    if not self._take(chunk, rec):
-                        continue
-                    now = time.perf_counter()
-                    if rec.ttft is None:
-                        rec.ttft = now - sent
-                    else:
-                        rec.itl.append(now - last)
-                    last, chunks = now, chunks + 1
+                if body.get("stream"):
+                    usage, chunks, last = await self._stream(resp, rec, sent, cut_after)
+                else:
+                    usage = await resp.json()
+                    last = time.perf_counter()
+                    rec.ttft, chunks = last - sent, int(self._take(usage, rec))
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             rec.error = f"{type(exc).__name__}: {exc}"
             return
-        rec.latency = last - sent if rec.ttft is not None else None
-        self._count(rec, usage, chunks)
+        if rec.error is None and not rec.cut:
+            rec.latency = last - sent if rec.ttft is not None else None
+            self._count(rec, usage, chunks)
+
+    async def _stream(
+        self, resp: aiohttp.ClientResponse, rec: Record, sent: float, cut_after: int | None
+    ) -> tuple[dict[str, Any], int, float]:
+        """Read an event stream into `rec`: the chunk with the usage, the output chunks,
+        when the last came."""
+        last, usage, chunks = sent, {}, 0
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line.removeprefix("data:").strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                rec.error = f"error event: {chunk['error']}"
+                break
+            if chunk.get("usage"):
+                usage = chunk
+            if not self._take(chunk, rec):
+                continue
+            now = time.perf_counter()
+            if rec.ttft is None:
+                rec.ttft = now - sent
+            else:
+                rec.itl.append(now - last)
+            last, chunks = now, chunks + 1
+            if chunks == cut_after:
+                resp.close()
+                rec.cut, rec.output_tokens, rec.counted_by = True, chunks, "chunks"
+                break
+        return usage, chunks, last
 
     @staticmethod
     def _take(chunk: dict[str, Any], rec: Record) -> bool:
-        """Add a chunk's output to `rec`; whether it carried any."""
+        """Add a chunk's (or a whole answer's) output to `rec`; whether it carried any."""
         got = False
         for choice in chunk.get("choices") or []:
-            text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            text = (
+                choice.get("text")
+                or (choice.get("delta") or choice.get("message") or {}).get("content")
+                or ""
+            )
             ids = choice.get("token_ids")
             rec.text += text
             if ids:

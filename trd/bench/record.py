@@ -36,6 +36,7 @@ class Record:
     models: list[str] | None = None  # producer of each output token (ours)
     tokens_per_model: dict[str, int] | None = None  # the server's usage, in its models' order
     error: str | None = None
+    cut: bool = False  # the client closed the stream before its end (Client.send's cut_after)
     prompt_ids: list[int] | None = field(default=None, repr=False)  # a token-id prompt
 
     @property
@@ -77,7 +78,7 @@ class Record:
             "counted_by": self.counted_by, "text": digest_text(self.text),
             "output": self.output, "producers": producers,
             "tokens_per_model": self.tokens_per_model, "handoffs": self.handoffs,
-            "error": self.error,
+            "error": self.error, "cut": self.cut,
         }  # fmt: skip
 
 

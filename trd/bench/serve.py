@@ -7,7 +7,9 @@ Sends a dataset's prompts (`datasets.py`) through the load client (`client.py`),
 a table (throughput; TTFT, TPOT, ITL, end-to-end latency: mean, p50, p90, p99; the
 large-token share, handoffs and identity digest where the server returns token ids and
 producers, "-" where it does not) and writes the result JSON (`result.py`) with every
-request's record. Greedy (temperature 0) unless told otherwise.
+request's record. Greedy (temperature 0) unless told otherwise. With `--duration`, the
+long-load mode instead (`soak.py`): mixed request shapes for that long, each process's
+memory sampled through the daemon's admin API, its growth after a warm-up judged.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from trd.bench import datasets
+from trd.bench import datasets, soak
 from trd.bench.client import ENDPOINTS, Client, Settings, add_extra_body_arg, served_model
 from trd.bench.load import run_load
 from trd.bench.metrics import summarize
@@ -155,15 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="", help="the system's name in the result")
     p.add_argument("--out", type=Path, help="write the result JSON here")
     add_load_args(p)
+    soak.add_args(p)
     args = p.parse_args(argv)
     check_load_args(p, args)
+    command = None if argv is None else ["tokenrouterd", "bench", "serve", *argv]
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    if args.duration is not None:
+        return soak.main(args, command, api_key)
     try:
         convs = load_dataset(args)
     except ValueError as exc:
         p.error(str(exc))
-    command = None if argv is None else ["tokenrouterd", "bench", "serve", *argv]
     result = Result("bench serve", command)
-    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     try:
         run = asyncio.run(measure(args.base_url, args, convs, args.label, api_key, args.timeout))
     except (aiohttp.ClientError, RuntimeError, OSError) as exc:

@@ -70,8 +70,8 @@ class HumanEvalClient(Client):
                  "add_generation_prompt": False}  # fmt: skip
         return body
 
-    async def send(self, body: dict[str, Any], rec: Record) -> None:
-        await super().send(body, rec)
+    async def send(self, body: dict[str, Any], rec: Record, cut_after: int | None = None) -> None:
+        await super().send(body, rec, cut_after)
         self.sink.add(self.probs[rec.conversation].task_id, rec)
 
 
