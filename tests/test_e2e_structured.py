@@ -206,3 +206,32 @@ def test_refused_constraints_are_400s(daemon: Daemon, extra: dict, param: str, p
     body = err.value.body
     assert isinstance(body, dict) and body["param"] == param and part in body["message"]
     assert chat(daemon, False, messages=ASK, max_tokens=4)[2] == "length"  # still serving
+
+
+def test_the_soak_mix_leaves_no_request_or_page_behind(daemon: Daemon, tmp_path: Path) -> None:
+    """`bench serve --duration` for a few seconds of the soak mix (both endpoints, cut
+    streams, bad fields, grammars) with the daemon's memory sampled: no error, and once
+    the load has ended no engine holds a request or a KV page (the engines' own counts),
+    every process reported its memory. An engine that keeps a request whose client went
+    away (Inbox.drop sparing one at a peer: a request and its KV pages for good) fails it."""
+    from trd.bench.serve import main as bench_serve
+
+    out = tmp_path / "soak.json"
+    argv = ["--base-url", daemon.url, "--admin", daemon.admin, "--duration", "12s", "--seed", "1",
+            "--grammars", "0.3", "--max-concurrency", "4", "--sample-every", "4s",
+            "--warmup", "1h", "--out", str(out)]  # fmt: skip
+    code = bench_serve(argv)
+    run = json.loads(out.read_text())["runs"][0]
+    o, left = run["summary"]["outcomes"], run["left_behind"]
+    assert o["error"] == 0 and o["cut"] and o["refused"], run["summary"]["first_error"]
+    assert left == {} and code == 0, left
+    assert {r["endpoint"] for r in run["records"]} == {"chat", "completions"}
+    assert len(run["samples"]) >= 3
+    last = run["samples"][-1]["processes"]
+    assert list(last) == ["supervisor", "small", "large"]
+    for p in last.values():
+        assert p["rss_bytes"] >= p["anon_bytes"] > 0 and p["heap_in_use_bytes"] > 0
+    for name in ("small", "large"):
+        assert last[name]["requests"] == last[name]["kv_pages_used"] == 0
+        assert last[name]["finished_remembered"] > 0 and last[name]["prefix_blocks"] > 0
+    assert last["small"]["grammars_cached"] > 0
