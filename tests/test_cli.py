@@ -22,7 +22,9 @@ STATUS: dict[str, Any] = {
          "state": "ready", "kv_pages_used": 10, "kv_pages_free": 246, "running": 2,
          "waiting": 0, "pending": 1, "tokens_per_s": 80.0, "handoffs_per_s": 12.34,
          "batch_size_mean": 1.5, "thresholds": [1], "memory": {"rss_bytes": 1462 << 20},
-         "prefix_cache": {"cached_pages": 7, "hit_rate": 0.625, "evictions": 3}},
+         "prefix_cache": {"cached_pages": 7, "hit_rate": 0.625, "evictions": 3},
+         "quantization": "int4", "weight_bytes": 2**29,
+         "crossover": {"896x4bit": None, "4864x8bit": 1024}},
         {"model": 1, "name": "large", "pid": None, "device": "cpu", "dtype": "float32",
          "state": "down", "kv_pages_used": None, "kv_pages_free": None, "running": None,
          "waiting": None, "pending": None, "tokens_per_s": None, "handoffs_per_s": None,
@@ -43,14 +45,15 @@ def test_status_table_shows_engines_rates_and_plan() -> None:
     )
     assert lines[2] == "MPS: running, control daemon pid 77, pipe /run/trd/mps/pipe"
     small = next(line for line in lines if line.startswith("0 "))
-    assert small.split() == ["0", "small", "local", "43", "cpu", "float32", "ready", "10", "246",
-                             "7", "62%", "3", "2", "0", "1", "80.0", "12.3", "1.5", "1,462",
-                             "[1]"]  # fmt: skip
+    assert small.split() == ["0", "small", "local", "43", "cpu", "float32", "int4", "0.50G",
+                             "ready", "10", "246", "7", "62%", "3", "2", "0", "1", "80.0", "12.3",
+                             "1.5", "1,462", "[1]"]  # fmt: skip
+    assert "small: quantised linears run dense from rows: 896x4bit: never, 4864x8bit: 1024" in lines
     large = next(line for line in lines if line.startswith("1 "))
     assert large.split()[3] == "-" and "down" in large and large.split()[-2] == "-"
     off = {**STATUS["engines"][0], "prefix_cache": None}  # engine.prefix_cache: false
     row = next(r for r in format_status({**STATUS, "engines": [off]}).splitlines() if r[:2] == "0 ")
-    assert row.split()[9:12] == ["off", "-", "-"]
+    assert row.split()[11:14] == ["off", "-", "-"]
     assert text.endswith("memory plan:\nmodel  device\nsmall  cpu")
 
 

@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 
 import gguf
+import gguf.quants
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as T
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
@@ -26,6 +28,7 @@ from trd.models.checkpoint import read_checkpoint
 from trd.models.gguf import import_gguf
 from trd.models.gguf_meta import GGUFImportError, GGUFMeta
 from trd.models.gguf_tokenizer import build_tokenizer
+from trd.models.qformat import QuantTensor
 from trd.testing.smollm2 import packaged_gguf
 from trd.testing.tinymodels.build import save_random_checkpoint
 
@@ -72,9 +75,11 @@ def write_gguf(
     drop: tuple[str, ...] = (),
     extra: tuple[str, ...] = (),
     raw: dict[str, gguf.GGMLQuantizationType] | None = None,
+    quant: gguf.GGMLQuantizationType | None = None,
 ) -> None:
     """ckpt as a GGUF file; `drop` omits metadata keys, `extra` adds tensors of that name,
-    `raw` writes the named tensors as zero bytes of another type."""
+    `raw` writes the named tensors as zero bytes of another type, `quant` stores every
+    matrix in that block type (gguf's own quantiser)."""
     cfg = json.loads((ckpt / "config.json").read_text())
     tok = json.loads((ckpt / "tokenizer.json").read_text())
     w = gguf.GGUFWriter(path, arch)
@@ -111,6 +116,8 @@ def write_gguf(
         qtype = (raw or {}).get(gguf_name(name))
         if qtype is not None:
             a = np.zeros(gguf.quant_shape_to_byte_shape(a.shape, qtype), dtype=np.uint8)
+        elif quant is not None and a.ndim == 2:
+            a, qtype = gguf.quants.quantize(a, quant), quant
         w.add_tensor(gguf_name(name), a, raw_dtype=qtype)
     for name in extra:
         w.add_tensor(name, np.ones(8, dtype=np.float32))
@@ -152,6 +159,38 @@ def test_import_gives_back_the_checkpoint_it_was_written_from(
     ours, theirs = (Tokenizer.from_file(str(d / "tokenizer.json")) for d in (out, random_ckpt))
     for text in TEXTS:
         assert ours.encode(text).ids == theirs.encode(text).ids, text
+
+
+@pytest.mark.parametrize(
+    "block,mode,bits",
+    [(T.Q8_0, "int8", 8), (T.Q8_0, "int4", 8), (T.Q4_0, "int4", 4), (T.Q5_0, "int8", 8)],
+)
+def test_a_quantised_import_keeps_each_matrix_in_its_bits(
+    random_ckpt: Path, tmp_path: Path, block: T, mode: str, bits: int
+) -> None:
+    """Against the dequantised import of the same file: Q8_0 stays exact in 8 bits, other
+    blocks round within half a step of ours; llama's q/k rows come back in HF's order."""
+    arch = read_checkpoint(random_ckpt).config.model_type
+    write_gguf(random_ckpt, tmp_path / "m.gguf", arch, quant=block)
+    floats = load_file(import_gguf(tmp_path / "m.gguf", tmp_path / "f") / "model.safetensors")
+    out = import_gguf(tmp_path / "m.gguf", tmp_path / "q", quantization=mode)
+    ckpt = read_checkpoint(out)
+    assert ckpt.quantization == mode
+    assert ckpt.config == read_checkpoint(tmp_path / "f").config
+    stored = load_file(out / "model.safetensors")
+    matrices = [n for n, t in floats.items() if t.dim() == 2]
+    assert matrices and not set(matrices) & set(stored)
+    for name in matrices:
+        qt = QuantTensor.from_tensors(name.removesuffix(".weight"), stored)
+        assert qt.bits == bits, name
+        error = (qt.dequantize() - floats[name]).abs()
+        step = qt.scales.float().repeat_interleave(32, dim=1)
+        if block == T.Q8_0:
+            assert error.max() == 0, name
+        assert (error <= 0.5 * step + 1e-3 * step).all(), name
+    for name, t in floats.items():
+        if t.dim() == 1:
+            assert torch.equal(stored[name], t), name
 
 
 @pytest.fixture

@@ -83,6 +83,7 @@ def test_plan_small_models_share_one_capacity() -> None:
     assert json.loads(json.dumps(plan.to_dict()))["models"][1] == {
         "name": "small", "device": "cpu", "weight_bytes": 3_000_000, "kv_bytes_per_token": 2048,
         "reserve_bytes": 81_920, "kv_tokens": 1648, "pages": 103, "kv_bytes": 3_375_104,
+        "quantization": "none", "unquantized_bytes": 0,
     }  # fmt: skip
     assert plan.to_table() == (
         "model  device  weights GiB  KV B/token  reserve GiB  KV tokens  pages  KV GiB\n"

@@ -103,13 +103,15 @@ def format_status(s: dict[str, Any]) -> str:
         + f"; handoffs {_num(s['handoffs_per_s']) or '-'}/s"
         + f"; resident {_mib(s.get('memory'))} MiB",
     ]
-    rows: list[list[object]] = [["#", "model", "host", "pid", "device", "dtype", "state",
-                                 "kv used", "kv free", "cached", "hit", "evicted", "run", "wait",
-                                 "pend", "tok/s", "handoff/s", "batch", "rss MiB",
-                                 "thresholds"]]  # fmt: skip
+    rows: list[list[object]] = [["#", "model", "host", "pid", "device", "dtype", "quant",
+                                 "weights", "state", "kv used", "kv free", "cached", "hit",
+                                 "evicted", "run", "wait", "pend", "tok/s", "handoff/s", "batch",
+                                 "rss MiB", "thresholds"]]  # fmt: skip
     for e in s["engines"]:
+        weights = e.get("weight_bytes")
         rows.append([
             e["model"], e["name"], e.get("remote") or "local", e["pid"], e["device"], e["dtype"],
+            e.get("quantization") or "-", "-" if weights is None else f"{weights / 2**30:.2f}G",
             e["state"],
             e["kv_pages_used"], e["kv_pages_free"], *format_cache(e),
             e["running"], e["waiting"], e["pending"],
@@ -119,8 +121,17 @@ def format_status(s: dict[str, Any]) -> str:
     wait = s["thresholds"]["max_wait_ms"]
     if s.get("share"):
         head.append(format_share(s["share"]))
-    return "\n".join([*head, format_mps(s["mps"]), "", table(rows), f"max_wait_ms {wait:g}", "",
-                      "memory plan:", s["memory_plan_table"]])  # fmt: skip
+    dense = [format_crossover(e) for e in s["engines"] if e.get("crossover")]
+    return "\n".join([*head, format_mps(s["mps"]), "", table(rows), *dense,
+                      f"max_wait_ms {wait:g}", "", "memory plan:",
+                      s["memory_plan_table"]])  # fmt: skip
+
+
+def format_crossover(e: dict[str, Any]) -> str:
+    """A quantised engine's dispatch: per (inputs x bits), the rows from which its linears
+    run dense (measured at engine start), "never" when the kernel won at every count."""
+    parts = [f"{k}: {'never' if c is None else c}" for k, c in e["crossover"].items()]
+    return f"{e['name']}: quantised linears run dense from rows: {', '.join(parts)}"
 
 
 def _mib(memory: dict[str, Any] | None) -> str:

@@ -9,8 +9,11 @@
     memory: {budget_gib: auto | GiB, fraction: 0.9, max_kv_tokens: auto | N}
     max_model_len: N (default: the smallest context of the models)
     max_inflight: 256               stall_timeout_s: 120
-    models: [{name, path, dtype, remote, prefix_cache, prefill_ahead}, ...]
+    models: [{name, path, dtype, quantization, remote, prefix_cache, prefill_ahead}, ...]
                                     first = entry model
+                                    quantization: none | int8 | int4 = a float checkpoint's
+                                    matrices quantised at load (trd/models/quantization.py);
+                                    a quantised checkpoint is served as it is stored
                                     remote: HOST:PORT = served by `tokenrouterd engine` there
                                     prefix_cache: false = this model's engine keeps no
                                     prefix cache (default: engine.prefix_cache, true)
@@ -50,6 +53,7 @@ import yaml
 from trd.config_reader import ConfigError, Section, fail
 from trd.engines.spec import BatchingSettings, EngineSettings, SettingError, check_cuda_dtype
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_checkpoint
+from trd.models.quantization import MODES
 from trd.models.tokenizers import TOKENIZER_FILE, chat_template, first_difference, read_tokenizer
 from trd.policies.pair import check_head_pair
 from trd.policies.params import GatedParams, PolicyError, PolicySpec, parse_policy
@@ -80,6 +84,9 @@ class DemoModels(Protocol):
 
     @property
     def dtype(self) -> str: ...
+
+    @property
+    def quantization(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +143,8 @@ class ModelEntry:
     checkpoint: Checkpoint | None
     remote: Address | None = None  # the `tokenrouterd engine` the daemon connects to
     prefix_cache: bool | None = None  # this model's own switch; None: engine.prefix_cache
+    # none | int8 | int4: how its matrices are served (a quantised checkpoint: its own mode)
+    quantization: str = "none"
     prefill_ahead: bool | None = None  # likewise; None: engine.prefill_ahead
 
     def settings(self, engine: EngineSettings) -> EngineSettings:
@@ -214,7 +223,12 @@ class Config:
             "memory": {"max_kv_tokens": 16384},
             "max_model_len": pair.max_model_len,
             "models": [
-                {"name": name, "path": str(pair.models[name]), "dtype": pair.dtype}
+                {
+                    "name": name,
+                    "path": str(pair.models[name]),
+                    "dtype": pair.dtype,
+                    "quantization": pair.quantization,
+                }
                 for name in ("small", "large")
             ],
             "policy": policy,
@@ -393,6 +407,7 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
             fail(f"models[{i}].name", name, "duplicate model name")
         path = base_dir / Path(sec.string("path")).expanduser()
         dtype = sec.choice("dtype", list(DTYPES), "bfloat16")
+        quantization = sec.choice("quantization", list(MODES), "none")
         raw_remote = sec.get("remote", None)
         remote = (
             None
@@ -413,7 +428,9 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
                 ckpt = read_checkpoint(path)
             except CheckpointError as exc:
                 fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
-        entries.append(ModelEntry(name, path, dtype, ckpt, remote, **switches))
+            quantization = _quantization(i, quantization, ckpt, item)
+        entries.append(ModelEntry(name, path, dtype, ckpt, remote, quantization=quantization,
+                                  **switches))  # fmt: skip
     if serve is not None:
         if serve not in [e.name for e in entries]:
             names = [e.name for e in entries]
@@ -423,6 +440,16 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
         fail("models[0].path", str(entries[0].path), "the entry model has no tokenizer.json")
     _check_one_tokenizer(entries)
     return tuple(entries)
+
+
+def _quantization(i: int, mode: str, ckpt: Checkpoint, item: dict[str, Any]) -> str:
+    """A quantised checkpoint is served as stored: a different mode asked for is refused."""
+    if ckpt.quantization == "none":
+        return mode
+    if "quantization" in item and mode != ckpt.quantization:
+        fail(f"models[{i}].quantization", mode, f"the checkpoint {ckpt.path} is quantised "
+             f"({ckpt.quantization}): serve it so, or serve a float checkpoint")  # fmt: skip
+    return ckpt.quantization
 
 
 def _check_one_tokenizer(entries: list[ModelEntry]) -> None:

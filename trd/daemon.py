@@ -47,7 +47,7 @@ from trd.memplan.plan import PlanError
 from trd.mps.manager import MpsError, MpsManager
 from trd.sdnotify import Notifier, write_ready_file
 from trd.supervisor.control import Controllers
-from trd.supervisor.deployment import Deployment, plan_deployment
+from trd.supervisor.deployment import Deployment, plan_deployment, quantization_lines
 from trd.supervisor.group import EngineStartError
 from trd.supervisor.hub import Hub
 from trd.supervisor.keeper import EngineKeeper
@@ -90,6 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
                    "by moving R-Stitch's threshold (default: fixed, 10-30%%)")  # fmt: skip
+    p.add_argument("--quantization", choices=("none", "int8", "int4"), default="none",
+                   help="--demo: serve the pair with quantised weights (qwen: imported from "
+                   "the GGUF blocks into their own cache folders; int4 = 4 bits where the file "
+                   "has at most 5, as docs/quantization.md says)")  # fmt: skip
     p.add_argument("--api-key-file", type=Path, metavar="FILE",
                    help="API keys, one a line, that the OpenAI endpoint wants as "
                    "'Authorization: Bearer KEY' (the config's api_key_file; $TRD_API_KEY "
@@ -111,6 +115,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--port: {args.port} is not in 0..65534 (0: any free ports, see --ready-file)")
     if args.large_share is not None and args.demo is None:
         p.error("--large-share goes with --demo (with --config: policy.target_large_share)")
+    if args.quantization != "none" and args.demo is None:
+        p.error("--quantization goes with --demo (with --config: models[].quantization)")
     return args
 
 
@@ -120,7 +126,8 @@ def _config(args: argparse.Namespace) -> Config:
     else:
         from trd.demo.pair import ensure_demo_pair  # imports / builds the pair once, cached
 
-        cfg = Config.demo(ensure_demo_pair(args.demo), args.port, args.large_share)
+        pair = ensure_demo_pair(args.demo, quantization=args.quantization)
+        cfg = Config.demo(pair, args.port, args.large_share)
     flags = {"api_key_file": args.api_key_file, "ssl_certfile": args.ssl_certfile,
              "ssl_keyfile": args.ssl_keyfile}  # fmt: skip
     return replace(cfg, **{k: v for k, v in flags.items() if v is not None})
@@ -172,6 +179,8 @@ def _start(args: argparse.Namespace, tap: StderrTap | None) -> int:
         print(deployment.plan.to_table())
         for name, (backend, why) in deployment.attention.items():
             print(f"model {name!r} attention: {backend} ({why})")
+        for line in quantization_lines(cfg, deployment):
+            print(line)
         caches = [f"{m.name} {'on' if m.settings(cfg.engine).prefix_cache else 'off'}"
                   for m in cfg.models]  # fmt: skip
         print(f"prefix cache: {', '.join(caches)}")

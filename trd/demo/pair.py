@@ -3,6 +3,11 @@
 qwen  Qwen2.5-Coder-0.5B-Instruct (small) and Qwen2.5-Coder-1.5B-Instruct (large),
       imported in bfloat16 from the GGUF parts the `demo` extra installs (`trd.demo.qwen`)
 tiny  the test fixtures: two Qwen3-shaped models of 1 and 6 layers, hidden size 64
+
+With quantization int8 / int4 the qwen pair is imported quantised from the GGUF blocks
+(its own cache folders) and served with float32 activations: on CPUs without native
+bfloat16 arithmetic (AVX2), float32 is the faster of the two around the quantised
+kernels (scripts/bench_step.py); the fixtures are quantised at load.
 """
 
 from __future__ import annotations
@@ -35,10 +40,14 @@ class DemoPair:
     threshold: float
     max_model_len: int
     dtype: str
+    quantization: str = "none"
 
 
-def ensure_demo_pair(name: str = "qwen", cache_dir: Path | None = None) -> DemoPair:
+def ensure_demo_pair(
+    name: str = "qwen", cache_dir: Path | None = None, quantization: str = "none"
+) -> DemoPair:
     """The pair's folders, imported / built into the cache once if missing."""
+    dtype = DTYPE[name] if name in DTYPE and quantization == "none" else "float32"
     if name == "tiny":
         from trd.testing.tinymodels.build import ensure_models
 
@@ -46,7 +55,7 @@ def ensure_demo_pair(name: str = "qwen", cache_dir: Path | None = None) -> DemoP
     elif name == "qwen":
         from trd.demo.qwen import ensure_qwen_pair
 
-        models = ensure_qwen_pair(cache_dir)
+        models = ensure_qwen_pair(cache_dir, quantization)
     else:
         raise ValueError(f"demo pair {name!r} is not one of {', '.join(DEMOS)}")
-    return DemoPair(name, models, RSTITCH_TAU[name], MAX_MODEL_LEN[name], DTYPE[name])
+    return DemoPair(name, models, RSTITCH_TAU[name], MAX_MODEL_LEN[name], dtype, quantization)

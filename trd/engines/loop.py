@@ -117,6 +117,9 @@ def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
     body = {
         "model": spec.index, "name": spec.name, "pid": os.getpid(),
         "path": str(spec.checkpoint.path), "dtype": spec.dtype, "device": spec.device,
+        "quantization": node.engine.runner.quantization,
+        "crossover": node.engine.runner.crossover,
+        "weight_bytes": node.engine.runner.weight_bytes,
         "policy": {"name": spec.policy.name, **spec.policy.params},
         "policy_threshold": node.policy.threshold,
         "running": states.count(State.RUNNING), "waiting": states.count(State.WAITING),

@@ -26,6 +26,7 @@ from trd.engines.scheduler import Scheduled
 from trd.engines.spec import EngineSpec
 from trd.models.attention import BatchLayout, make_backend, resolve_backend
 from trd.models.attention.base import AttentionBackend
+from trd.models.dispatch import measure, resident_bytes, set_crossover
 from trd.models.loader import load_model, torch_dtype
 from trd.models.packed import onednn_available, pack_linears
 
@@ -112,12 +113,23 @@ class ModelRunner:
         self.logits_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.cfg = spec.checkpoint.config
         self.vocab = spec.checkpoint.vocab_limit
+        ckpt_mode = spec.checkpoint.quantization
+        self.quantization = ckpt_mode if ckpt_mode != "none" else spec.quantization
         settings = spec.settings
         if settings.cpu_linear == "onednn" and not onednn_available():
             raise ValueError("engine.cpu_linear: 'onednn': this torch build has no oneDNN linear")
-        self.model = load_model(spec.checkpoint, spec.dtype, self.device)
+        self.model = load_model(spec.checkpoint, spec.dtype, self.device, spec.quantization)
         if settings.cpu_linear == "onednn":
             pack_linears(self.model)
+        # Quantised linears: from how many rows the dense path is faster here (logged).
+        self.crossover: dict[str, int | None] = {}
+        if self.device.type == "cpu" and self.quantization != "none":
+            fixed = settings.quant_dense_from
+            if fixed is None:
+                self.crossover = measure(self.model, settings.max_batch_tokens, self.dtype)
+            else:
+                self.crossover = set_crossover(self.model, fixed or None)
+        self.weight_bytes = resident_bytes(self.model)
         self.page_size = settings.page_size
         self.attention = resolve_backend(settings.attention, self.device, self.cfg, spec.dtype)
         # The graphs this engine will capture share the eager backend's workspaces.

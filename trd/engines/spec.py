@@ -95,6 +95,10 @@ class EngineSettings:
                               choices=CPU_LINEARS)  # fmt: skip
     attention: str = setting("auto", "attention backend: flashinfer on CUDA, torch on CPU",
                              choices=ATTENTION_BACKENDS)  # fmt: skip
+    quant_dense_from: int | None = setting(
+        None, "quantised models on CPU: the rows from which a linear runs dense, not the "
+        "int8 kernel (auto: measured at engine start; 0: never)", low=0, auto=True,
+    )  # fmt: skip
     prefix_cache: bool = setting(True, "keep full KV pages after a request and reuse them "
                                  "for any request with the same prefix")  # fmt: skip
     prefill_ahead: bool = setting(
@@ -148,6 +152,7 @@ class EngineSpec:
     kv_pages: int
     dtype: str = "float32"
     device: str = "cpu"
+    quantization: str = "none"  # a float checkpoint's weights quantised at load
     num_models: int = 1
     max_model_len: int = 0  # 0: the model's context
     policy: PolicySpec = PolicySpec("scripted")  # noqa: RUF009 - frozen, shared safely

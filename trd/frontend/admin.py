@@ -128,6 +128,8 @@ class AdminApi:
                 "prefills_adopted": s.get("prefills_adopted"),
                 "prefills_late": s.get("prefills_late"),
                 "memory": s.get("memory"), "live": s.get("live"),
+                "quantization": s.get("quantization"), "crossover": s.get("crossover"),
+                "weight_bytes": s.get("weight_bytes"),
             })  # fmt: skip
         return out
 

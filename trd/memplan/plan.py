@@ -92,6 +92,8 @@ class ModelMem:
     weight_bytes: int
     kv_bytes_per_token: int
     reserve_bytes: int
+    quantization: str = "none"
+    unquantized_bytes: int = 0  # the weights in the serving dtype, unquantised
 
 
 def model_mem(
@@ -103,12 +105,17 @@ def model_mem(
     shapes: Sequence[GraphSize] = (),
     page_size: int = 16,
     attention: str = "flashinfer",
+    quantization: str = "none",
 ) -> ModelMem:
-    """What `ckpt`, served in `dtype` on `device`, needs; the rest as in `reserve_bytes`."""
+    """What `ckpt`, served in `dtype` (and `quantization`, for a float checkpoint) on
+    `device`, needs; the rest as in `reserve_bytes`."""
     kv = ckpt.config.kv_bytes_per_token(dtype)
     reserve = reserve_bytes(ckpt.config, device, max_batch_tokens, shapes, kv * page_size,
                             attention)  # fmt: skip
-    return ModelMem(name, device, ckpt.weight_bytes(dtype), kv, reserve)
+    mode = ckpt.quantization if ckpt.quantization != "none" else quantization
+    unquantized = ckpt.unquantized_bytes(dtype) if mode != "none" else 0
+    return ModelMem(name, device, ckpt.weight_bytes(dtype, quantization), kv, reserve, mode,
+                    unquantized)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,8 @@ class ModelPlan:
     kv_tokens: int
     pages: int
     kv_bytes: int
+    quantization: str = "none"
+    unquantized_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -178,12 +187,17 @@ class MemoryPlan:
     devices: tuple[DevicePlan, ...]
 
     def to_table(self) -> str:
-        """Aligned text with sizes in GiB: one row per model, then one per device."""
+        """Aligned text with sizes in GiB: one row per model, then one per device. With a
+        quantised model, its mode and what its weights would take unquantised."""
         model_rows = [[*_MODEL_HEADER, "KV tokens", "pages", "KV GiB"]]
         model_rows += [
             [*_model_cells(m), str(m.kv_tokens), str(m.pages), _gib(m.kv_bytes)]
             for m in self.models
         ]
+        if any(m.quantization != "none" for m in self.models):
+            model_rows[0] += ["quantization", "unquantised GiB"]
+            for row, m in zip(model_rows[1:], self.models, strict=True):
+                row += [m.quantization, _gib(m.unquantized_bytes or m.weight_bytes)]
         device_rows = [["device", "budget GiB", "used GiB"]]
         device_rows += [[d.device, _gib(d.budget_bytes), _gib(d.used_bytes)] for d in self.devices]
         return f"{_align(model_rows, 2)}\n\n{_align(device_rows, 1)}"
@@ -265,6 +279,8 @@ def plan_memory(
             kv_tokens=capacity[m.device],
             pages=capacity[m.device] // page_size,
             kv_bytes=capacity[m.device] * m.kv_bytes_per_token,
+            quantization=m.quantization,
+            unquantized_bytes=m.unquantized_bytes,
         )
         for m in models
     )

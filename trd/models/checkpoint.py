@@ -7,10 +7,10 @@
       tokenizer.json ...        its vocabulary size is read here (`vocab_limit`); the front
                                 end encodes with it, `tokenizers.py` compares routed models'
 
-A safetensors file starts with `| u64 little-endian N | N bytes of JSON header |`, the
-header naming each tensor's dtype, shape and byte range, so a 32B checkpoint is read
-in milliseconds. The supervisor reads every checkpoint once at start; the result goes
-to the memory plan and, pickled inside each engine's spec, to the engine that loads it.
+Headers only (`headers.py`): a 32B checkpoint is read in milliseconds. The supervisor
+reads every checkpoint once at start; the result goes to the memory plan and, pickled
+inside each engine's spec, to the engine that loads it. A quantised checkpoint
+(`quantization.py`) says so in config.json; its weight bytes are counted as stored.
 Every failure is a `CheckpointError` naming the directory and the file or field.
 """
 
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trd.models import quantization as qmodes
 from trd.models.errors import CheckpointError
+from trd.models.headers import safetensors_header, tensor_infos
 from trd.models.rope import RopeConfig, read_rope
 from trd.models.tokenizers import read_tokenizer
 
@@ -33,6 +34,8 @@ SUPPORTED_TYPES = ("qwen3", "qwen2", "llama")
 DEFAULT_CONTEXT = {"qwen3": 32768, "qwen2": 32768, "llama": 2048}
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 DTYPES = tuple(DTYPE_BYTES)
+# safetensors dtypes of quantised tensors (trd/models/qformat.py) and their sizes.
+_STORED_BYTES = {"U8": 1, "I8": 1, "F16": 2}
 
 __all__ = [
     "DTYPES",
@@ -141,10 +144,31 @@ class Checkpoint:
     # vocab_size without a tokenizer.json. Rows of the embedding matrix past it are
     # padding (Qwen pads 151665 ids to 151936 or 152064 rows); they are never sampled.
     vocab_limit: int
+    # "none", or the mode of a quantised checkpoint (config.json's trd_quantization).
+    quantization: str = "none"
+    quantized_params: int = 0  # elements of its quantised tensors (qweight, scales, mins)
+    quantized_bytes: int = 0  # and their bytes as stored (served as stored)
+    # (name, rows, cols, bits) of each matrix a mode quantises: bits 4 or 8 as stored,
+    # 0 in a float checkpoint.
+    matrices: tuple[tuple[str, int, int, int], ...] = ()
+    dense_params: int = 0  # quantised checkpoints: elements once dequantised
 
-    def weight_bytes(self, dtype: str) -> int:
-        """Resident weight bytes once every tensor is cast to `dtype`."""
-        return self.num_params * dtype_size(dtype)
+    def unquantized_bytes(self, dtype: str) -> int:
+        """Weight bytes of the model with every matrix dequantised to `dtype`."""
+        return (self.dense_params or self.num_params) * dtype_size(dtype)
+
+    def weight_bytes(self, dtype: str, quantization: str = "none") -> int:
+        """Resident weight bytes: float tensors cast to `dtype`; quantised ones as stored,
+        or for a float checkpoint served with `quantization`, as that mode stores them."""
+        size = dtype_size(dtype)
+        if self.quantization != "none":
+            return self.quantized_bytes + (self.num_params - self.quantized_params) * size
+        total = self.num_params * size
+        if quantization != "none":
+            for name, rows, cols, _ in self.matrices:
+                bits = qmodes.bits_for(name, quantization)
+                total += qmodes.quantised_bytes(rows, cols, bits) - rows * cols * size
+        return total
 
 
 def read_checkpoint(model_dir: Path | str) -> Checkpoint:
@@ -157,11 +181,39 @@ def read_checkpoint(model_dir: Path | str) -> Checkpoint:
     gen_path = model_dir / "generation_config.json"
     eos = _eos_ids(_read_json(gen_path).get("eos_token_id")) if gen_path.exists() else None
     config = ModelConfig.from_dict(raw, str(config_path), eos or None)
+    try:
+        mode = qmodes.read_marker(raw, str(config_path))
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
     files = tuple(sorted(model_dir.glob("*.safetensors")))
     if not files:
         raise CheckpointError(f"{model_dir}: no *.safetensors weight files")
-    params = sum(_tensor_elements(path) for path in files)
-    return Checkpoint(model_dir, config, files, params, _vocab_limit(model_dir, config))
+    tensors = [t for path in files for t in tensor_infos(path)]
+    params = sum(math.prod(shape) for _, _, shape in tensors)
+    stored = [(dtype, shape) for name, dtype, shape in tensors
+              if name.rsplit(".", 1)[-1] in ("qweight", "scales", "mins")]  # fmt: skip
+    # A 4-bit qweight (uint8) holds two weights a byte, an 8-bit one (int8) one.
+    dense = sum(math.prod(shape) * (2 if dtype == "U8" else 1) for name, dtype, shape in tensors
+                if name.endswith(".qweight"))  # fmt: skip
+    if mode == "none" and stored:
+        raise CheckpointError(f"{config_path}: quantised tensors but no {qmodes.KEY}")
+    matrices = tuple(
+        (name.removesuffix(".weight"), shape[0], shape[1], 0)
+        for name, _, shape in tensors
+        if len(shape) == 2 and qmodes.quantised_name(name.removesuffix(".weight"))
+    ) + tuple(
+        (name.removesuffix(".qweight"), shape[0], shape[1] * (2 if dtype == "U8" else 1),
+         4 if dtype == "U8" else 8)
+        for name, dtype, shape in tensors
+        if name.endswith(".qweight") and len(shape) == 2
+    )  # fmt: skip
+    return Checkpoint(
+        model_dir, config, files, params, _vocab_limit(model_dir, config), mode,
+        quantized_params=sum(math.prod(shape) for _, shape in stored),
+        quantized_bytes=sum(math.prod(shape) * _STORED_BYTES.get(d, 4) for d, shape in stored),
+        matrices=matrices,
+        dense_params=dense + params - sum(math.prod(shape) for _, shape in stored) if dense else 0,
+    )  # fmt: skip
 
 
 def _vocab_limit(model_dir: Path, config: ModelConfig) -> int:
@@ -203,7 +255,8 @@ def _refuse_unimplemented(cfg: dict[str, Any], layers: int, source: str) -> None
     if cfg.get("quantization_config"):
         raise CheckpointError(
             f"{source}: quantization_config: quantized weights are not supported "
-            "(use an unquantized checkpoint, or import a GGUF: it is dequantised)"
+            "(use an unquantized checkpoint with models[].quantization, or import a GGUF "
+            "with `tokenrouterd import-gguf --quantization int4`)"
         )
 
 
@@ -248,37 +301,3 @@ def _eos_ids(eos: Any) -> tuple[int, ...]:
     if eos is None:
         return ()
     return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
-
-
-def safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor entries and `__metadata__`)."""
-    with path.open("rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path}: truncated safetensors file (no header length)")
-        (length,) = struct.unpack("<Q", prefix)
-        raw = f.read(min(length, 1 << 30))
-    if len(raw) < length:
-        raise CheckpointError(
-            f"{path}: truncated safetensors header ({len(raw)} of {length} bytes present)"
-        )
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{path}: safetensors header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: safetensors header is not a JSON object")
-    return header
-
-
-def _tensor_elements(path: Path) -> int:
-    """Total elements of the tensors a safetensors file's header lists."""
-    total = 0
-    for name, info in safetensors_header(path).items():
-        if name == "__metadata__":
-            continue
-        shape = info.get("shape") if isinstance(info, dict) else None
-        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            raise CheckpointError(f"{path}: tensor {name!r} has no valid shape")
-        total += math.prod(shape)
-    return total

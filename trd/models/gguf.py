@@ -42,7 +42,9 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from trd.models.gguf_meta import GGUFImportError, GGUFMeta
+from trd.models.gguf_quant import gguf_quant
 from trd.models.gguf_tokenizer import save_tokenizer
+from trd.models.quantization import MODES, marker, quantised_name
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -168,24 +170,37 @@ def _check_tensors(meta: GGUFMeta, tensors: dict[str, ReaderTensor]) -> None:
 
 
 def _weights(
-    meta: GGUFMeta, tensors: dict[str, ReaderTensor], cfg: dict[str, Any], dtype: torch.dtype
+    meta: GGUFMeta,
+    tensors: dict[str, ReaderTensor],
+    cfg: dict[str, Any],
+    dtype: torch.dtype,
+    quantization: str,
 ) -> dict[str, torch.Tensor]:
     heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
     out: dict[str, torch.Tensor] = {}
-    progress = tqdm(tensors.items(), desc=f"dequantising {meta.src.name}", unit=" tensors",
+    verb = "dequantising" if quantization == "none" else f"requantising ({quantization})"
+    progress = tqdm(tensors.items(), desc=f"{verb} {meta.src.name}", unit=" tensors",
                     mininterval=2)  # fmt: skip
     for name, t in progress:
-        w = dequantize(t.data, t.tensor_type)  # float32, shape (out, in): HF's layout
-        kind = name.split(".")[-2]
-        if meta.arch == "llama" and kind in heads:
-            w = _unpermute(w, heads[kind])
         hf = _hf_name(name)
         assert hf is not None  # _check_tensors admitted only mapped names
+        kind = name.split(".")[-2]
+        rows = heads[kind] if meta.arch == "llama" and kind in heads else 0
+        layer = hf.removesuffix(".weight")
+        if quantization != "none" and hf.endswith(".weight") and quantised_name(layer):
+            qt = gguf_quant(layer, t, quantization)
+            if rows:
+                qt = qt.rows(torch.from_numpy(_unpermute(np.arange(qt.shape[0]), rows)))
+            out |= qt.tensors(layer)
+            continue
+        w = dequantize(t.data, t.tensor_type)  # float32, shape (out, in): HF's layout
+        if rows:
+            w = _unpermute(w, rows)
         out[hf] = torch.tensor(w, dtype=torch.float32).to(dtype)
     return out
 
 
-def _write(meta: GGUFMeta, out_dir: Path, dtype: str) -> None:
+def _write(meta: GGUFMeta, out_dir: Path, dtype: str, quantization: str) -> None:
     if meta.arch not in ARCHITECTURES:
         raise GGUFImportError(
             f"{meta.src}: architecture {meta.arch!r} is not supported "
@@ -196,17 +211,29 @@ def _write(meta: GGUFMeta, out_dir: Path, dtype: str) -> None:
     _check_tensors(meta, tensors)
     vocab_size = int(tensors["token_embd.weight"].shape[-1])  # GGUF lists dims innermost first
     cfg = _config(meta, vocab_size, "output.weight" not in tensors, dtype)
+    if quantization != "none":
+        cfg |= marker(quantization)
     save_tokenizer(meta, out_dir, cfg["max_position_embeddings"])
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     gen = {k: cfg[k] for k in ids if cfg[k] is not None}
     for name, data in (("config.json", cfg), ("generation_config.json", gen)):
         (out_dir / name).write_text(json.dumps(data, indent=2) + "\n")
-    weights = _weights(meta, tensors, cfg, getattr(torch, dtype))
+    weights = _weights(meta, tensors, cfg, getattr(torch, dtype), quantization)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
 
 
-def import_gguf(src: Path, out_dir: Path, dtype: str = "float32", *, force: bool = False) -> Path:
+def import_gguf(
+    src: Path,
+    out_dir: Path,
+    dtype: str = "float32",
+    *,
+    force: bool = False,
+    quantization: str = "none",
+) -> Path:
     """Write the checkpoint of GGUF file `src` to `out_dir` (atomically); return out_dir.
+
+    quantization int8 / int4: the matrices stay quantised (`trd/models/gguf_quant.py`),
+    the other tensors (norms, biases) are stored in dtype.
 
     A non-empty out_dir is replaced only with force=True; until the final rename the
     result is built in a temp folder next to it, so out_dir is never half-written.
@@ -214,6 +241,8 @@ def import_gguf(src: Path, out_dir: Path, dtype: str = "float32", *, force: bool
     src, out_dir = Path(src), Path(out_dir)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported (choose from {DTYPES})")
+    if quantization not in MODES:
+        raise ValueError(f"quantization {quantization!r} is not supported (choose from {MODES})")
     if out_dir.exists() and not out_dir.is_dir():
         raise GGUFImportError(f"{out_dir}: exists and is not a directory")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
@@ -222,7 +251,7 @@ def import_gguf(src: Path, out_dir: Path, dtype: str = "float32", *, force: bool
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.import-", dir=out_dir.parent))
     try:
-        _write(meta, tmp, dtype)
+        _write(meta, tmp, dtype, quantization)
         # mkdtemp and safetensors create owner-only modes; a checkpoint is read by whichever
         # user the daemon runs as.
         for path in (tmp, *tmp.iterdir()):
@@ -253,9 +282,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="checkpoint directory to write")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="weight dtype on disk")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it is not empty")
+    p.add_argument("--quantization", choices=MODES, default="none",
+                   help="keep the matrices quantised: int4 (4 bits where the file's blocks have "
+                   "at most 5, else 8) or int8; none dequantises them to --dtype")  # fmt: skip
     args = p.parse_args(argv)
     try:
-        out = import_gguf(args.file, args.out_dir, args.dtype, force=args.force)
+        out = import_gguf(args.file, args.out_dir, args.dtype, force=args.force,
+                          quantization=args.quantization)  # fmt: skip
     except GGUFImportError as exc:
         print(f"tokenrouterd import-gguf: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,8 @@
-"""Load a checkpoint directory into `CausalLM` at a serving dtype."""
+"""Load a checkpoint directory into `CausalLM` at a serving dtype, quantised or not.
+
+A quantised checkpoint (`trd/models/quantization.py`) is served as stored; a float one is
+served in `dtype`, or quantised at load with `quantization` int8 / int4.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from safetensors import SafetensorError, safe_open
 
 from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError
 from trd.models.model import CausalLM
+from trd.models.qformat import SUFFIXES, QuantTensor
+from trd.models.quantize import install, quantise_loaded
 from trd.models.rotary import RotaryEmbedding
 
 # Buffers some exporters write that carry no weights.
@@ -26,13 +32,9 @@ def _ignored(key: str, tied: bool) -> bool:
     return key.endswith(_IGNORED_SUFFIXES) or (tied and key == "lm_head.weight")
 
 
-def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
-    """Build the model on `device` with the checkpoint's weights cast to dtype."""
-    cfg, model_dir = ckpt.config, ckpt.path
-    tdtype = torch_dtype(dtype)
-    with torch.device("meta"):
-        model = CausalLM(cfg)
-    expected = model.state_dict()
+def _read(ckpt: Checkpoint, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every tensor: float ones cast to dtype on `device`, quantised ones as stored on the
+    host (their layers are built there)."""
     weights: dict[str, torch.Tensor] = {}
     for path in ckpt.weight_files:
         try:
@@ -40,26 +42,71 @@ def load_model(ckpt: Checkpoint, dtype: str, device: torch.device) -> CausalLM:
                 # One tensor at a time, cast on the host, then moved: the peak is the
                 # served model plus one tensor, not the checkpoint's dtype on the device.
                 for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    if not _ignored(key, cfg.tie_word_embeddings):
-                        weights[key] = f.get_tensor(key).to(tdtype).to(device)
+                    if _ignored(key, ckpt.config.tie_word_embeddings):
+                        continue
+                    t = f.get_tensor(key)
+                    stored = key.rsplit(".", 1)[-1] in SUFFIXES
+                    weights[key] = t if stored else t.to(dtype).to(device)
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(f"{path}: cannot read safetensors ({exc})") from None
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
+    return weights
+
+
+def read_weights(
+    ckpt: Checkpoint, dtype: torch.dtype, device: torch.device
+) -> tuple[dict[str, torch.Tensor], dict[str, QuantTensor]]:
+    """The float tensors (cast to dtype, on device) and the quantised weights by layer."""
+    weights = _read(ckpt, dtype, device)
+    return weights, _quantised(ckpt, weights)
+
+
+def _quantised(ckpt: Checkpoint, weights: dict[str, torch.Tensor]) -> dict[str, QuantTensor]:
+    """Take the quantised weights out of `weights`, keyed by layer name."""
+    names = sorted({k.rsplit(".", 1)[0] for k in weights if k.endswith(".qweight")})
+    out = {}
+    for name in names:
+        try:
+            out[name] = QuantTensor.from_tensors(name, weights)
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"{ckpt.path}: {exc}") from None
+        for suffix in SUFFIXES:
+            weights.pop(f"{name}.{suffix}", None)
+    return out
+
+
+def load_model(
+    ckpt: Checkpoint, dtype: str, device: torch.device, quantization: str = "none"
+) -> CausalLM:
+    """Build the model on `device`: the checkpoint's weights, float ones cast to dtype."""
+    cfg, model_dir = ckpt.config, ckpt.path
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    expected = model.state_dict()
+    tdtype = torch_dtype(dtype)
+    weights, quantised = read_weights(ckpt, tdtype, device)
+    shapes = {k: tuple(t.shape) for k, t in weights.items()}
+    shapes |= {f"{name}.weight": qt.shape for name, qt in quantised.items()}
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
             f"{model_dir}: weights do not match a {cfg.model_type} model with this config.json"
             f" (missing: {missing[:5]}{'...' if len(missing) > 5 else ''};"
             f" unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
         )
-    for key, tensor in weights.items():
-        if tuple(tensor.shape) != tuple(expected[key].shape):
+    for key, shape in shapes.items():
+        if shape != tuple(expected[key].shape):
             raise CheckpointError(
-                f"{model_dir}: tensor {key} has shape {tuple(tensor.shape)}, "
-                f"config.json implies {tuple(expected[key].shape)}"
+                f"{model_dir}: tensor {key} has shape {shape}, config.json implies "
+                f"{tuple(expected[key].shape)}"
             )
-    model.load_state_dict(weights, assign=True)
-    map_in(weights.values())
+    if quantised:
+        biases = {n: weights.pop(f"{n}.bias") for n in quantised if f"{n}.bias" in weights}
+        install(model, quantised, biases, device, tdtype)
+    model.load_state_dict(weights, assign=True, strict=not quantised)
+    if quantization != "none" and not quantised:
+        quantise_loaded(model, quantization, cfg.tie_word_embeddings)
+    map_in([*model.parameters(), *model.buffers()])  # what the model holds, quantised or not
     # The rope frequencies are derived, not loaded: build them for real on the device.
     model.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, device)
     return model.eval()

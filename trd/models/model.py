@@ -25,6 +25,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # torch's fused kernel: the same bits, one call
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 whatever the model dtype, exactly as the reference
         # implementation does, so float64 runs match it bit for bit.
         h = x.to(torch.float32)
@@ -33,10 +35,11 @@ class RMSNorm(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (T, heads, D) rotated by the per-token cos/sin (T, D) of `RotaryEmbedding`."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    """x (T, heads, D) rotated by the per-token cos and signed sin (T, D) of
+    `RotaryEmbedding.cos_signed_sin`: x * cos + [x2, x1] * [-sin, sin], four calls."""
+    t, h, d = x.shape
+    swapped = x.view(t, h, 2, d // 2).flip(2).view(t, h, d)
+    return x * cos[:, None, :] + swapped * sin[:, None, :]
 
 
 class Attention(nn.Module):
@@ -53,6 +56,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=cfg.o_bias)
+        # Quantised models compute q, k and v in one call (trd/models/quantize.py: fuse).
+        self.qkv_proj: nn.Module | None = None
+        self.qkv_split = (q_out, kv_out, kv_out)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -65,13 +71,21 @@ class Attention(nn.Module):
         backend: AttentionBackend,
         kv_cache: torch.Tensor,
     ) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # (T, H, D)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # (T, KVH, D)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None and not self.qk_norm:  # rotate q and k in one pass
+            qkv = self.qkv_proj(x)
+            qk = apply_rope(qkv[:, : (h + kvh) * d].view(t, h + kvh, d), *rope)
+            q, k = qk[:, :h], qk[:, h:]
+            v = qkv[:, (h + kvh) * d :].view(t, kvh, d)
+        else:
+            if self.qkv_proj is None:
+                q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            else:
+                q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)
+            q, k, v = q.reshape(t, h, d), k.reshape(t, kvh, d), v.reshape(t, kvh, d)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out = backend.attend(q, k, v, kv_cache)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
@@ -82,9 +96,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj: nn.Module | None = None  # gate and up in one call (quantised)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -117,14 +136,19 @@ class DecoderStack(nn.Module):
 class CausalLM(nn.Module):
     """`forward` maps packed new tokens to final-norm hidden states; `logits` projects rows."""
 
+    lm_head: nn.Module | None
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.model = DecoderStack(cfg)
         # Frequencies, no weights: the loader rebuilds it on the serving device.
         self.rope = RotaryEmbedding(cfg.rope, cfg.head_dim, torch.device("cpu"))
-        if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # Tied embeddings: None, the logits read the embedding matrix (a quantised model
+        # sets the quantised table's own linear here).
+        tied = cfg.tie_word_embeddings
+        head = None if tied else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.register_module("lm_head", head)
 
     def forward(
         self,
@@ -137,13 +161,12 @@ class CausalLM(nn.Module):
         # input_ids, positions: (T,) -> hidden: (T, hidden). seq_lens (T,): the sequence
         # length each token's feed catches up to (the dynamic rope variant reads it).
         x = self.model.embed_tokens(input_ids)
-        rope = self.rope.cos_sin(positions, seq_lens, x.dtype)  # computed once per step
+        rope = self.rope.cos_signed_sin(positions, seq_lens, x.dtype)  # once per step
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):
             x = layer(x, rope, backend, cache)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.cfg.tie_word_embeddings else None
-        if weight is None:
-            return self.lm_head(hidden)
-        return F.linear(hidden, weight)
+        if self.lm_head is not None:
+            return self.lm_head(hidden)  # type: ignore[no-any-return]
+        return F.linear(hidden, self.model.embed_tokens.weight)

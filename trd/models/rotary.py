@@ -140,6 +140,15 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)  # (T, D)
         return (emb.cos() * self.scale).to(dtype), (emb.sin() * self.scale).to(dtype)
 
+    def cos_signed_sin(
+        self, positions: torch.Tensor, seq_lens: np.ndarray, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`cos_sin` with the sine's first half negated: rotating a head is then
+        x * cos + swap_halves(x) * sin, the same numbers as -x2 * sin, x1 * sin."""
+        cos, sin = self.cos_sin(positions, seq_lens, dtype)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+
     def _per_token(self, seq_lens: np.ndarray) -> torch.Tensor:
         inv = self.inv.expand(len(seq_lens), -1)
         longer = np.unique(seq_lens[seq_lens > self.rope.original_context])

@@ -97,7 +97,10 @@ class PolicyContext:
     def device(self) -> torch.device:
         """The engine's device (its embedding's): every tensor a policy builds goes there."""
         table = getattr(self.embed, "weight", None)
-        return table.device if isinstance(table, torch.Tensor) else torch.device("cpu")
+        if isinstance(table, torch.Tensor):
+            return table.device
+        device = getattr(self.embed, "device", None)  # a quantised table (QuantEmbedding)
+        return device if isinstance(device, torch.device) else torch.device("cpu")
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,8 +120,7 @@ class R2RPolicy(GatedPolicy):
     def load(self, path: Path, hidden: int) -> RouterHead | R2RRouter:
         if not is_torch_file(path):
             return super().load(path, hidden)
-        table = getattr(self.ctx.embed, "weight", None)  # an nn.Embedding in the engines
-        rows = table.shape[0] if isinstance(table, torch.Tensor) else 0
+        rows = getattr(self.ctx.embed, "num_embeddings", 0)  # nn.Embedding or QuantEmbedding
         return load_r2r_router(path, hidden, rows)
 
     def num_features(self, hidden: int, top_k: int) -> int:

@@ -64,10 +64,10 @@ class GlimpPolicy(ThresholdPolicy):
         self.tau, self.step_tokens = params.threshold, params.step_tokens
         if ctx.model_dir is None:
             raise PolicyError("policy.name: 'glimp': needs the model's tokenizer (model_dir)")
-        weight = getattr(ctx.embed, "weight", None)  # an nn.Embedding in the engines
-        if not isinstance(weight, torch.Tensor):
+        rows = getattr(ctx.embed, "num_embeddings", None)  # nn.Embedding or QuantEmbedding
+        if not isinstance(rows, int):
             raise PolicyError("policy.name: 'glimp': needs the model's embedding table")
-        texts = token_texts(ctx.model_dir, weight.shape[0])
+        texts = token_texts(ctx.model_dir, rows)
         self.table = StepTable.of(texts)
         end = params.think_end or THINK_END
         self.think_end = frozenset(i for i, text in enumerate(texts) if text == end)

@@ -103,6 +103,7 @@ def plan_deployment(cfg: Config) -> Deployment:
             engine_graphs(cfg.engine, device, attention[m.name][0]),
             cfg.engine.page_size,
             attention[m.name][0],
+            m.quantization,
         )
         for m in cfg.models
         if m.checkpoint is not None
@@ -149,6 +150,7 @@ def _spec(
         kv_pages=pages,
         dtype=m.dtype,
         device="cpu" if gpu is None else "cuda:0",
+        quantization=m.quantization,
         num_models=len(cfg.models),
         max_model_len=cfg.max_model_len,
         policy=cfg.policy,
@@ -179,3 +181,28 @@ def _remote(cfg: Config, i: int, m: ModelEntry) -> RemoteSpec:
         thresholds=cfg.thresholds.get(m.name, (1,)),
         batching=cfg.batching,
     )
+
+
+def quantization_lines(cfg: Config, deployment: Deployment) -> list[str]:
+    """`--check`: each quantised model's weights before and after, and on CPU the row
+    counts from which its linears would run dense here (measured now, as an engine does
+    at start; imports torch)."""
+    lines = []
+    for m, mp in ((m, mp) for m in cfg.local for mp in deployment.plan.models if mp.name == m.name):
+        if mp.quantization == "none":
+            continue
+        gib = 1 << 30
+        lines.append(f"model {m.name!r} quantization {mp.quantization}: weights "
+                     f"{mp.weight_bytes / gib:.2f} GiB (unquantised {m.dtype}: "
+                     f"{mp.unquantized_bytes / gib:.2f} GiB)")  # fmt: skip
+        if deployment.device == "cpu":
+            from trd.models.dispatch import crossovers, describe
+            from trd.models.loader import torch_dtype
+            from trd.models.quantization import linear_kinds
+
+            assert m.checkpoint is not None
+            kinds = linear_kinds(m.checkpoint.matrices, mp.quantization)
+            found = describe(crossovers(kinds, cfg.engine.max_batch_tokens, torch_dtype(m.dtype)))
+            dense = ", ".join(f"{k}: {'never' if c is None else c}" for k, c in found.items())
+            lines.append(f"model {m.name!r} linears run dense from rows: {dense}")
+    return lines

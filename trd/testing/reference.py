@@ -21,24 +21,55 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from trd.engines.constrain import Constraints
 from trd.engines.request import Request
 from trd.engines.sampler import ban_early_stops, sample
-from trd.models.checkpoint import read_checkpoint
+from trd.models.checkpoint import Checkpoint, read_checkpoint
+from trd.models.loader import read_weights
+from trd.models.quantize import quantise_loaded, replace_layers
 from trd.policies.base import PolicyContext, RoutingPolicy, StepView, host_routes, pinned
 from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import FinishReason, SamplingParams
 
 
-def _load(path: Path, dtype: torch.dtype, device: str) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+def _load(path: Path, dtype: torch.dtype, device: str, quantization: str) -> PreTrainedModel:
+    """transformers' model; with a quantised checkpoint (or `quantization` for a float one)
+    its matrices are our quantised layers, which in float64 compute exactly what the
+    engines' kernel does (`trd/models/qlinear.py`)."""
+    ckpt = read_checkpoint(path)
+    model: PreTrainedModel
+    if ckpt.quantization == "none":
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        if quantization != "none":
+            quantise_loaded(model, quantization, ckpt.config.tie_word_embeddings)
+    else:
+        model = _quantised_model(path, ckpt, dtype)
     # transformers decorates PreTrainedModel.to with functools.wraps(nn.Module.to), whose
     # stub (functools._Wrapped) binds no self: mypy would take the device for `self`.
     to = cast(Callable[[str], PreTrainedModel], model.to)
     return to(device).eval()
+
+
+def _quantised_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype) -> PreTrainedModel:
+    """A quantised checkpoint in transformers' model: built empty, then filled (the CPU)."""
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    floats, quantised = read_weights(ckpt, dtype, torch.device("cpu"))
+    biases = {n: floats.pop(f"{n}.bias") for n in quantised if f"{n}.bias" in floats}
+    replace_layers(model, quantised, biases, torch.device("cpu"), dtype,
+                   ckpt.config.tie_word_embeddings)  # fmt: skip
+    model.load_state_dict(floats, assign=True, strict=False)
+    for name, module in list(model.named_modules()):  # derived buffers, made for real
+        if name.endswith("rotary_emb"):
+            model.set_submodule(name, type(module)(config=config, device="cpu"))
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"{path}: the reference model has no weights for {left[:5]}")
+    return model
 
 
 @dataclass
@@ -60,9 +91,10 @@ class ReferenceRouter:
         dtype: str = "float64",
         device: str = "cpu",
         kv_cache: bool = False,
+        quantization: str = "none",
     ) -> None:
         self.device, self.kv_cache = torch.device(device), kv_cache
-        self.models = [_load(p, getattr(torch, dtype), device) for p in paths]
+        self.models = [_load(p, getattr(torch, dtype), device, quantization) for p in paths]
         entry = read_checkpoint(Path(paths[0]))
         self.eos = entry.config.eos_token_ids
         self.vocab = entry.vocab_limit  # as the engines: padding rows are never sampled

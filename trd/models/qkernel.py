@@ -1,0 +1,133 @@
+"""The quantised-linear CPU kernel (`qkernel.cpp`): built once per host, called through ctypes.
+
+    kernel = load()          # None where it cannot run here; `why_not()` says why
+    kernel(x, qweight, scales, mins, bias, out, bits)
+
+torch ships no x86 kernel that multiplies 4-bit weights with int8 activations; its
+weight-only int4 and int8 kernels dequantise to floats and are compute-bound at one row.
+This one is built with the host's g++ into `<cache base>/kernels/` (a few seconds, once
+per source version; concurrent engines wait on one lock and load the same file). It
+needs AVX2 with FMA and F16C (x86 since 2013) and a C++ compiler; where either is
+missing the quantised layers dequantise their weights and run torch's dense linear.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from trd.testing.tinymodels.cache import cache_base
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("qkernel.cpp")
+GROUP, TILE = 32, 8  # inputs per scale, output rows per tile (qkernel.cpp)
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+_PTR, _INT = ctypes.c_void_p, ctypes.c_int
+_ARGS = [_PTR, _INT, _INT, _INT, _INT, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _INT, _INT]
+
+
+class Kernel:
+    """`trd_qlinear` of the built library."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fn = ctypes.CDLL(str(path)).trd_qlinear
+        self._fn.argtypes = _ARGS  # type: ignore[assignment]  # ctypes' stub is narrower
+        self._fn.restype = _INT
+
+    def bind(
+        self,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        mins: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        bits: int,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A call y = x @ W^T + bias for one weight (x (M, K) contiguous float32 or
+        bfloat16, y likewise): its pointers are read once, here, not per call (a decode
+        step makes ~100 of these calls, each worth a few microseconds of Python)."""
+        n, k = scales.shape[0] * TILE, scales.shape[1] * GROUP
+        fn, pw, ps = self._fn, qweight.data_ptr(), scales.data_ptr()
+        pm = 0 if mins is None else mins.data_ptr()
+        pb = 0 if bias is None else bias.data_ptr()
+        threads, bf16 = torch.get_num_threads, torch.bfloat16
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            m, half = x.shape[0], x.dtype == bf16
+            y = torch.empty(m, n, dtype=x.dtype)
+            if fn(x.data_ptr(), half, m, k, n, bits, pw, ps, pm, pb, y.data_ptr(), half,
+                  threads()):  # fmt: skip
+                raise MemoryError(f"quantised linear: no memory for {m} x {k} int8 activations")
+            return y
+
+        return call
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def why_not() -> str | None:
+    """Why the kernel cannot run on this host, or None."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return f"the CPU lacks AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    if _compiler() is None:
+        return "no C++ compiler (g++ or $CXX) to build trd/models/qkernel.cpp"
+    return None
+
+
+def _target(cxx: str) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode())
+    return cache_base() / "kernels" / f"qkernel-{digest.hexdigest()[:16]}.so"
+
+
+def _build(cxx: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            return  # another engine built it while this one waited
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp],
+                                  capture_output=True, text=True)  # fmt: skip
+            if done.returncode:
+                raise OSError(f"{cxx} failed on {SOURCE}: {done.stderr.strip()[-2000:]}")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+            log.info("built the quantised-linear kernel: %s", target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+@functools.cache
+def load() -> Kernel | None:
+    """The kernel, built first if this host has none yet; None (logged) where it cannot run."""
+    reason = why_not()
+    if reason is None:
+        cxx = _compiler()
+        assert cxx is not None
+        target = _target(cxx)
+        try:
+            if not target.exists():
+                _build(cxx, target)
+            return Kernel(target)
+        except OSError as exc:
+            reason = str(exc)
+    log.warning("quantised linears run dequantised (slow): %s", reason)
+    return None
