@@ -214,3 +214,44 @@ def test_fused_projections_compute_what_separate_ones_do(
     separate = _prefill_logits(path, "float32", "int4", ids)
     assert torch.allclose(fused, separate, atol=1e-4, rtol=0)
     assert (fused - _prefill_logits(path, "float32", "none", ids)).abs().max() > 1e-3
+
+
+@needs_kernel
+def test_the_native_glue_computes_what_torch_does() -> None:
+    """RMSNorm, rotation in place (strided rows, as in the fused q/k/v output) and the
+    attention of one-token queries over scattered KV pages, against the torch code."""
+    from trd.models.attention.torch_paged import TorchPagedAttention
+    from trd.models.model import RMSNorm, apply_rope
+    from trd.models.rope import RopeConfig
+    from trd.models.rotary import RotaryEmbedding
+
+    native = qkernel.load()
+    assert native is not None
+    gen = torch.Generator().manual_seed(6)
+    norm = RMSNorm(96, 1e-6)
+    norm.weight.data = torch.randn(96, generator=gen)
+    x = torch.randn(3, 96, generator=gen) * 4
+    want = norm(x)
+    norm.native = native
+    assert torch.allclose(norm(x), want, atol=1e-5, rtol=1e-5)
+
+    t, h, kvh, d = 3, 4, 2, 32
+    rope = RotaryEmbedding(RopeConfig(), d, torch.device("cpu"))
+    cos, sin = rope.cos_signed_sin(torch.tensor([5, 17, 40]), np.array([6, 18, 41]), torch.float32)
+    qkv = torch.randn(t, (h + 2 * kvh) * d, generator=gen)
+    qk = qkv[:, : (h + kvh) * d].view(t, h + kvh, d)
+    want = apply_rope(qk, cos, sin)
+    native.rope_(qk, cos, sin)
+    assert torch.allclose(qk, want, atol=1e-5)
+
+    tables = [[3, 0, 7], [5], [1, 2, 6, 4]]  # pages of 16, out of order
+    layout = BatchLayout([1, 1, 1], [40, 9, 60], tables, 16)
+    kv_cache = torch.randn(2, 8, 16, kvh, d, generator=gen)
+    q, k, v = (torch.randn(t, n, d, generator=gen) for n in (h, kvh, kvh))
+    outs = []
+    for glue in (None, native):
+        backend = TorchPagedAttention(torch.device("cpu"))
+        backend.native = glue
+        backend.plan(layout)
+        outs.append(backend.attend(q, k, v, kv_cache.clone()))
+    assert torch.allclose(outs[1], outs[0], atol=1e-5)

@@ -24,8 +24,10 @@ from trd.engines.buckets import graph_shapes
 from trd.engines.graphs import StepGraphs, device_tensor
 from trd.engines.scheduler import Scheduled
 from trd.engines.spec import EngineSpec
+from trd.models import qkernel
 from trd.models.attention import BatchLayout, make_backend, resolve_backend
 from trd.models.attention.base import AttentionBackend
+from trd.models.attention.torch_paged import TorchPagedAttention
 from trd.models.dispatch import measure, resident_bytes, set_crossover
 from trd.models.loader import load_model, torch_dtype
 from trd.models.packed import onednn_available, pack_linears
@@ -137,6 +139,9 @@ class ModelRunner:
         captures = self.device.type == "cuda" and settings.cuda_graphs
         self.backend = make_backend(self.attention, self.device, self.cfg, self.dtype,
                                     shapes=shapes if captures else ())  # fmt: skip
+        native = self.crossover and self.dtype == torch.float32  # a quantised model's
+        if isinstance(self.backend, TorchPagedAttention) and native:  # decode attention
+            self.backend.native = qkernel.load()
         # One page past the allocator's (0 .. kv_pages-1): padded and warm-up rows write
         # their KV there, never into a request's pages.
         self.scratch_page = spec.kv_pages

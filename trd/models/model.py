@@ -15,6 +15,7 @@ from torch import nn
 
 from trd.models.attention.base import AttentionBackend
 from trd.models.checkpoint import ModelConfig
+from trd.models.qkernel import Kernel
 from trd.models.rotary import RotaryEmbedding
 
 
@@ -23,8 +24,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.native: Kernel | None = None  # quantised models on the CPU (quantize.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None and x.dtype == torch.float32 and x.is_contiguous():
+            return self.native.rmsnorm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # torch's fused kernel: the same bits, one call
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 whatever the model dtype, exactly as the reference
@@ -35,11 +39,11 @@ class RMSNorm(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (T, heads, D) rotated by the per-token cos and signed sin (T, D) of
+    """x (T, heads, D) rotated by the per-token cos and signed sin (T, 1, D) of
     `RotaryEmbedding.cos_signed_sin`: x * cos + [x2, x1] * [-sin, sin], four calls."""
     t, h, d = x.shape
     swapped = x.view(t, h, 2, d // 2).flip(2).view(t, h, d)
-    return x * cos[:, None, :] + swapped * sin[:, None, :]
+    return x * cos + swapped * sin
 
 
 class Attention(nn.Module):
@@ -56,8 +60,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_out, cfg.hidden_size, bias=cfg.o_bias)
-        # Quantised models compute q, k and v in one call (trd/models/quantize.py: fuse).
+        # Quantised models compute q, k and v in one call (trd/models/quantize.py: fuse),
+        # and on the CPU in float32 rotate q and k in place (`native`).
         self.qkv_proj: nn.Module | None = None
+        self.native: Kernel | None = None
         self.qkv_split = (q_out, kv_out, kv_out)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
@@ -74,7 +80,11 @@ class Attention(nn.Module):
         t, h, kvh, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_proj is not None and not self.qk_norm:  # rotate q and k in one pass
             qkv = self.qkv_proj(x)
-            qk = apply_rope(qkv[:, : (h + kvh) * d].view(t, h + kvh, d), *rope)
+            qk = qkv[:, : (h + kvh) * d].view(t, h + kvh, d)
+            if self.native is not None and qkv.dtype == torch.float32:
+                self.native.rope_(qk, *rope)
+            else:
+                qk = apply_rope(qk, *rope)
             q, k = qk[:, :h], qk[:, h:]
             v = qkv[:, (h + kvh) * d :].view(t, kvh, d)
         else:
@@ -85,7 +95,11 @@ class Attention(nn.Module):
             q, k, v = q.reshape(t, h, d), k.reshape(t, kvh, d), v.reshape(t, kvh, d)
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            if self.native is not None and q.dtype == torch.float32:  # both contiguous
+                self.native.rope_(q, *rope)
+                self.native.rope_(k, *rope)
+            else:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out = backend.attend(q, k, v, kv_cache)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 

@@ -31,7 +31,7 @@ from trd.testing.tinymodels.cache import cache_base
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("qkernel.cpp")
+SOURCES = (Path(__file__).with_name("qkernel.cpp"), Path(__file__).with_name("cpu_ops.cpp"))
 GROUP, TILE = 32, 8  # inputs per scale, output rows per tile (qkernel.cpp)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 _PTR, _INT = ctypes.c_void_p, ctypes.c_int
@@ -39,13 +39,55 @@ _ARGS = [_PTR, _INT, _INT, _INT, _INT, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _INT,
 
 
 class Kernel:
-    """`trd_qlinear` of the built library."""
+    """The built library: `trd_qlinear` (`bind`) and the float32 glue of cpu_ops.cpp."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fn = ctypes.CDLL(str(path)).trd_qlinear
+        lib = ctypes.CDLL(str(path))
+        self._fn = lib.trd_qlinear
         self._fn.argtypes = _ARGS  # type: ignore[assignment]  # ctypes' stub is narrower
         self._fn.restype = _INT
+        self._norm, self._rope, self._attend = (
+            lib.trd_rmsnorm,
+            lib.trd_rope,
+            lib.trd_decode_attention,
+        )
+        self._norm.argtypes = [_PTR, _PTR, ctypes.c_float, _PTR, _INT, _INT]
+        self._rope.argtypes = [_PTR, _INT, _INT, _INT, _INT, _PTR, _PTR]
+        self._attend.argtypes = [_PTR, _INT, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR,
+                                 _INT, _INT, _INT, _INT]  # fmt: skip
+        for f in (self._norm, self._rope, self._attend):
+            f.restype = None
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of contiguous float32 x over its last dimension."""
+        out = torch.empty_like(x)
+        d = x.shape[-1]
+        self._norm(x.data_ptr(), weight.data_ptr(), eps, out.data_ptr(), x.numel() // d, d)
+        return out
+
+    def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Rotate x (T, heads, D) float32 in place (rows may be strided, heads contiguous)
+        by cos and the signed sin of `RotaryEmbedding.cos_signed_sin`."""
+        t, heads, d = x.shape
+        self._rope(x.data_ptr(), t, x.stride(0), heads, d, cos.data_ptr(), sin.data_ptr())
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        rows: torch.Tensor,
+        offsets: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> None:
+        """out[rows] = attention of the one-token queries q[rows] (T, H, D; rows strided,
+        heads contiguous) over k, v (slots, KVH, D) at slots[offsets[i]:offsets[i+1]]."""
+        _, h, d = q.shape
+        self._attend(q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                     len(rows), rows.data_ptr(), offsets.data_ptr(), slots.data_ptr(), h,
+                     k.shape[1], d, torch.get_num_threads())  # fmt: skip
 
     def bind(
         self,
@@ -90,7 +132,8 @@ def why_not() -> str | None:
 
 def _target(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode())
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES))
+    digest.update(" ".join(FLAGS).encode() + version.encode())
     return cache_base() / "kernels" / f"qkernel-{digest.hexdigest()[:16]}.so"
 
 
@@ -103,10 +146,10 @@ def _build(cxx: str, target: Path) -> None:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            done = subprocess.run([cxx, *FLAGS, str(SOURCE), "-o", tmp],
+            done = subprocess.run([cxx, *FLAGS, *map(str, SOURCES), "-o", tmp],
                                   capture_output=True, text=True)  # fmt: skip
             if done.returncode:
-                raise OSError(f"{cxx} failed on {SOURCE}: {done.stderr.strip()[-2000:]}")
+                raise OSError(f"{cxx} failed on {SOURCES[0].parent}: {done.stderr[-2000:]}")
             os.chmod(tmp, 0o755)
             os.replace(tmp, target)
             log.info("built the quantised-linear kernel: %s", target)

@@ -14,7 +14,8 @@ from typing import cast
 import torch
 from torch import nn
 
-from trd.models.model import CausalLM, DecoderLayer
+from trd.models import qkernel
+from trd.models.model import Attention, CausalLM, DecoderLayer, RMSNorm
 from trd.models.qformat import GROUP, QuantTensor, quantize
 from trd.models.qlinear import QuantEmbedding, QuantLinear, fuse
 from trd.models.quantization import EMBEDDING, HEAD, bits_for, quantised_name
@@ -33,8 +34,9 @@ def quantise_loaded(model: nn.Module, mode: str, tied: bool) -> None:
     weight = model.get_submodule(EMBEDDING).weight
     assert isinstance(weight, torch.Tensor)
     replace_layers(model, quantised, biases, weight.device, weight.dtype, tied)
-    if isinstance(model, CausalLM):
+    if isinstance(model, CausalLM) and weight.device.type == "cpu":
         fuse_layers(model)
+        go_native(model)
 
 
 def install(
@@ -48,6 +50,16 @@ def install(
     replace_layers(model, quantised, biases, device, dtype, model.cfg.tie_word_embeddings)
     if device.type == "cpu":
         fuse_layers(model)
+        go_native(model)
+
+
+def go_native(model: CausalLM) -> None:
+    """The norms and rotary embeddings of a quantised model on the CPU run through the
+    kernel's library (float32; one call each instead of several torch calls)."""
+    native = qkernel.load()
+    for module in model.modules():
+        if isinstance(module, RMSNorm | Attention):
+            module.native = native
 
 
 def replace_layers(

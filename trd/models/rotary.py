@@ -143,11 +143,11 @@ class RotaryEmbedding:
     def cos_signed_sin(
         self, positions: torch.Tensor, seq_lens: np.ndarray, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`cos_sin` with the sine's first half negated: rotating a head is then
+        """(T, 1, D) cos and sin, the sine's first half negated: rotating a head is then
         x * cos + swap_halves(x) * sin, the same numbers as -x2 * sin, x1 * sin."""
         cos, sin = self.cos_sin(positions, seq_lens, dtype)
         half = sin.shape[-1] // 2
-        return cos, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        return cos[:, None, :], torch.cat((-sin[:, None, :half], sin[:, None, half:]), dim=-1)
 
     def _per_token(self, seq_lens: np.ndarray) -> torch.Tensor:
         inv = self.inv.expand(len(seq_lens), -1)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from trd.models.attention.base import AttentionBackend, BatchLayout, slot_indices
+from trd.models.qkernel import Kernel
 
 # Below this context a decode row joins the padded batch: one call for many short rows
 # beats a call per row (measured: 16 rows of 32 tokens 0.16 vs 0.37 ms; 128 tokens even).
@@ -40,6 +41,8 @@ class _Plan:
     decode_slots: torch.Tensor  # (Bd * Lmax,) flattened (Bd, Lmax) slots
     decode_mask: torch.Tensor  # (Bd, 1, 1, Lmax)
     rows: list[_Row]
+    # With `native` and every request feeding one token: its slots, for the one call.
+    native: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def kv_slots(table: list[int], stop: int, page_size: int) -> slice | np.ndarray:
@@ -55,8 +58,14 @@ class TorchPagedAttention(AttentionBackend):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._plan: _Plan | None = None
+        # Quantised models on the CPU: a decode step's attention in one native call per
+        # layer (float32; trd/models/cpu_ops.cpp), set by the runner.
+        self.native: Kernel | None = None
 
     def plan(self, layout: BatchLayout) -> None:
+        if self.native is not None and all(n == 1 for n in layout.q_lens):
+            self._plan = self._native_plan(layout)
+            return
         ps = layout.page_size
         write, dec_rows, dec_slots, rows = [], [], [], []
         row = 0
@@ -93,6 +102,17 @@ class TorchPagedAttention(AttentionBackend):
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device)
 
+    def _native_plan(self, layout: BatchLayout) -> _Plan:
+        ps, starts, tables = layout.page_size, layout.kv_starts, layout.page_tables
+        pairs = zip(starts, tables, strict=True)
+        slots = [slot_indices(table, 0, start + 1, ps) for start, table in pairs]
+        write = np.array([s[-1] for s in slots], dtype=np.int64)
+        offsets = np.cumsum([0, *(len(s) for s in slots)], dtype=np.int64)
+        rows = np.arange(len(slots), dtype=np.int64)
+        empty = torch.empty(0, dtype=torch.long)
+        native = (self._t(rows), self._t(offsets), self._t(np.concatenate(slots)))
+        return _Plan(self._t(write), empty, empty, empty, [], native)
+
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
     ) -> torch.Tensor:
@@ -103,25 +123,45 @@ class TorchPagedAttention(AttentionBackend):
         v_flat = kv_cache[1].view(-1, kvh, d)
         k_flat.index_copy_(0, p.write_slots, k)
         v_flat.index_copy_(0, p.write_slots, v)
+        if p.native is not None and self.native is not None:  # float32 engines only
+            out = torch.empty(q.shape, dtype=q.dtype)
+            self.native.decode_attention(q, k_flat, v_flat, out, *p.native)
+            return out
         if not p.rows:
             return self._decode(q, k_flat, v_flat, p)
+        if len(p.rows) == 1 and p.rows[0].mask is None and not len(p.decode_rows):
+            return self._one(q, k_flat, v_flat, p.rows[0].kv)  # one request, one token
         out = torch.empty_like(q)
         if len(p.decode_rows):
             out[p.decode_rows] = self._decode(q[p.decode_rows], k_flat, v_flat, p)
         for r in p.rows:
+            if r.mask is None:
+                out[r.tokens] = self._one(q[r.tokens], k_flat, v_flat, r.kv)
+                continue
             if isinstance(r.kv, slice):
                 kr, vr = k_flat[r.kv], v_flat[r.kv]
             else:  # index_select, not advanced indexing: several times faster here
                 kr, vr = k_flat.index_select(0, r.kv), v_flat.index_select(0, r.kv)
             kr, vr = kr.transpose(0, 1).unsqueeze(0), vr.transpose(0, 1).unsqueeze(0)
-            if r.mask is None:  # one query: its heads of a group are the group's queries
-                o = F.scaled_dot_product_attention(q[r.tokens].view(1, kvh, -1, d), kr, vr)
-                out[r.tokens] = o.reshape(1, -1, d)
-                continue
             qr = q[r.tokens].transpose(0, 1).unsqueeze(0)  # (1, H, n, D)
             o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=r.mask, enable_gqa=True)
             out[r.tokens] = o.squeeze(0).transpose(0, 1)
         return out
+
+    @staticmethod
+    def _one(
+        q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, kv: slice | torch.Tensor
+    ) -> torch.Tensor:
+        """A single query (1, H, D) against its KV: the heads of a group are its queries."""
+        kvh, d = k_flat.shape[1], k_flat.shape[2]
+        if isinstance(kv, slice):
+            kr, vr = k_flat[kv], v_flat[kv]
+        else:  # index_select, not advanced indexing: several times faster here
+            kr, vr = k_flat.index_select(0, kv), v_flat.index_select(0, kv)
+        o = F.scaled_dot_product_attention(
+            q.reshape(1, kvh, -1, d), kr.transpose(0, 1)[None], vr.transpose(0, 1)[None]
+        )
+        return o.reshape(1, -1, d)
 
     @staticmethod
     def _decode(
