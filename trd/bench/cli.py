@@ -15,6 +15,8 @@ COMMANDS = {
                      "trd.bench.ab:main"),
     "engines": Subcommand("routing across engine processes (no HTTP) vs the reference loop, "
                           "on the fixtures", "trd.bench.engines:main"),
+    "step": Subcommand("the decode-step cost of one model by variant (dtype x quantisation), "
+                       "1 and 16 rows, A/B interleaved in one process", "trd.bench.step:main"),
     "report": Subcommand("bench compare's JSON as markdown tables and plots",
                          "trd.bench.compare.report:main"),
     "llamacpp": Subcommand("build llama.cpp's server (once), or serve a demo GGUF with it",

@@ -7,7 +7,7 @@ tiny  the test fixtures: two Qwen3-shaped models of 1 and 6 layers, hidden size 
 With quantization int8 / int4 the qwen pair is imported quantised from the GGUF blocks
 (its own cache folders) and served with float32 activations: on CPUs without native
 bfloat16 arithmetic (AVX2), float32 is the faster of the two around the quantised
-kernels (scripts/bench_step.py); the fixtures are quantised at load.
+kernels (`tokenrouterd bench step`); the fixtures are quantised at load.
 """
 
 from __future__ import annotations
