@@ -64,8 +64,9 @@ def _quantised_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype) -> PreTra
                    ckpt.config.tie_word_embeddings)  # fmt: skip
     model.load_state_dict(floats, assign=True, strict=False)
     for name, module in list(model.named_modules()):  # derived buffers, made for real
-        if name.endswith("rotary_emb"):
-            model.set_submodule(name, type(module)(config=config, device="cpu"))
+        if name.endswith("rotary_emb"):  # transformers 5 takes no device argument
+            with torch.device("cpu"):
+                model.set_submodule(name, type(module)(config=config))
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise ValueError(f"{path}: the reference model has no weights for {left[:5]}")
