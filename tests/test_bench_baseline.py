@@ -36,7 +36,8 @@ def test_the_table_says_which_answers_kept_their_text_across_n() -> None:
 
 def test_the_baseline_plan_is_the_issues_table() -> None:
     plan = BASELINES["baseline"]
-    assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 256, True)
+    assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 128, True)
+    assert (plan.routed, plan.alone) == (("none", "int8", "int4"), ("int8",))
     assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
                      "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
 
@@ -50,15 +51,16 @@ def test_a_baseline_smoke_run_measures_each_system_in_turn(
             "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     result = json.loads(out.read_text())
-    assert result["kind"] == "bench compare" and list(result["systems"]) == [
-        "tokenrouterd", "std_large"]  # fmt: skip
+    names = ["tokenrouterd_none", "std_large_none", "tokenrouterd_int8"]
+    assert result["kind"] == "bench compare" and list(result["systems"]) == names
     got = [(r["system"], r["n"], r["summary"]["requests"], r["summary"]["output_tokens"],
             r["summary"]["failed"]) for r in result["runs"]]  # fmt: skip
-    assert got == [(s, n, 2, 16, 0) for s in ("tokenrouterd", "std_large") for n in (1, 2)]
-    assert [r["settings"]["dataset"] for r in result["runs"]] == ["code"] * 4
-    ours = result["systems"]["tokenrouterd"]
-    std = result["systems"]["std_large"]
+    assert got == [(s, n, 2, 16, 0) for s in names for n in (1, 2)]
+    assert [r["settings"]["dataset"] for r in result["runs"]] == ["code"] * 6
+    ours, std, quant = (result["systems"][n] for n in names)
     assert [m["name"] for m in std["models"]] == ["large"] and len(ours["models"]) == 2
+    assert [m.get("quantization") for m in quant["models"]] == ["int8", "int8"]
+    assert all("quantization" not in m for m in ours["models"] + std["models"])
     assert {k: v for k, v in std.items() if k not in ("models", "policy")} == {
         k: v for k, v in ours.items() if k not in ("models", "policy")
     }  # like for like: every other setting the same

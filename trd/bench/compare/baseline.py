@@ -4,9 +4,10 @@ would compare them, on the same code prompts through the same client.
     llama_server_large              llama-server, the 1.5B alone (its Q4_K_M GGUF)
     llama_server_small              llama-server, the 0.5B alone
     llama_server_large+draft_small  llama-server, the 1.5B with the 0.5B as draft (-md)
-    tokenrouterd                    our daemon with the demo's config (`--demo`'s: the
-                                    pair in its dtype, R-Stitch at the demo's threshold)
-    std_large                       standard serving of the 1.5B in our engine: the daemon
+    tokenrouterd_Q                  our daemon with the demo's config (`--demo
+                                    --quantization Q`'s: R-Stitch at the demo's threshold),
+                                    for each Q of the plan (none: bfloat16 weights)
+    std_large_Q                     standard serving of the 1.5B in our engine: the daemon
                                     with the 1.5B alone, the same settings
 
 Each system in turn (never two at once) is started, warmed up (two requests), measured
@@ -43,11 +44,14 @@ class BaselinePlan:
     prompts: int  # HumanEval code prompts (the dataset's seeded order, the first ones)
     max_tokens: int
     llama: bool  # run the llama-server systems
+    routed: tuple[str, ...]  # the quantizations our routed pair runs in
+    alone: tuple[str, ...]  # ... and our engine's 1.5B alone
 
 
 BASELINES = {
-    "baseline": BaselinePlan(ns=(1, 16), prompts=16, max_tokens=256, llama=True),
-    "baseline_smoke": BaselinePlan(ns=(1, 2), prompts=2, max_tokens=8, llama=False),
+    # issue 50's table: 16 code prompts, 128 tokens; about 30 minutes on 2 cores
+    "baseline": BaselinePlan((1, 16), 16, 128, True, ("none", "int8", "int4"), ("int8",)),
+    "baseline_smoke": BaselinePlan((1, 2), 2, 8, False, ("none", "int8"), ("none",)),
 }
 LLAMA = {
     "llama_server_large": ("large", None),
@@ -58,15 +62,19 @@ LLAMA = {
 
 def systems(plan: BaselinePlan, pair: str, cache_dir: Path | None) -> dict[str, Any]:
     """name -> (its config for the result, a function that starts it in a folder)."""
-    demo = ensure_demo_pair(pair, cache_dir)
-    common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
-                              "max_model_len": demo.max_model_len}  # fmt: skip
-    ours = {
-        "tokenrouterd": daemon_config(
-            demo.models, {"name": "rstitch", "threshold": demo.threshold}, **common
-        ),
-        "std_large": daemon_config({"large": demo.models["large"]}, {"name": "rstitch"}, **common),
-    }
+    ours = {}
+    for quant in dict.fromkeys(plan.routed + plan.alone):
+        demo = ensure_demo_pair(pair, cache_dir, quant)
+        common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
+                                  "max_model_len": demo.max_model_len}  # fmt: skip
+        if pair == "tiny" and quant != "none":  # the fixtures are quantised at load
+            common["per_model"] = {n: {"quantization": quant} for n in demo.models}
+        if quant in plan.routed:
+            policy = {"name": "rstitch", "threshold": demo.threshold}
+            ours[f"tokenrouterd_{quant}"] = daemon_config(demo.models, policy, **common)
+        if quant in plan.alone:
+            large = {"large": demo.models["large"]}
+            ours[f"std_large_{quant}"] = daemon_config(large, {"name": "rstitch"}, **common)
     out: dict[str, Any] = {}
     if plan.llama:
         for name, (model, draft) in LLAMA.items():
@@ -118,7 +126,8 @@ def run_baseline(
     plan = BASELINES[plan_name]
     result = Result("bench compare", command)
     result.add(plan_name=plan_name, plan={"ns": list(plan.ns), "prompts": plan.prompts,
-                                          "max_tokens": plan.max_tokens}, pair=pair)  # fmt: skip
+                                          "max_tokens": plan.max_tokens, "routed": plan.routed,
+                                          "alone": plan.alone}, pair=pair)  # fmt: skip
     convs = datasets.load("code", plan.prompts, 0, endpoint="chat")
     logs = out.parent / f"logs-{plan_name}"
     logs.mkdir(parents=True, exist_ok=True)
