@@ -56,6 +56,17 @@ def test_the_check_stops_cleanly_without_a_cuda_device(tmp_path: Path) -> None:
     assert results["versions"]["torch"] == torch.__version__
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_the_bench_mode_runs_the_gpu_plan_and_stops_without_a_device(tmp_path: Path) -> None:
+    """`--bench`: the check's setup, then `bench compare --plan gpu` (docs/gpu.md)."""
+    done = run_check(tmp_path, "--bench")
+    assert done.returncode == 3, done.stderr[-2000:]
+    text = (tmp_path / "out" / "summary.txt").read_text()
+    assert text.startswith("NO DEVICE: no CUDA device, nothing was measured"), text
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["kind"] == "bench compare" and result["plan_name"] == "gpu"
+
+
 @pytest.mark.background.with_args(dry_run)
 def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
     """Every stage's code on the CPU: a Python error anywhere fails its stage and the run.

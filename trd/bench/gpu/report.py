@@ -45,7 +45,8 @@ def collect(ctx: Ctx, stages: dict[str, Any]) -> dict[str, Any]:
         "bandwidth": step.get("bandwidth"), "step_costs": step.get("models"), "runs": runs,
         "identity": [r["identity"] for r in runs if "identity" in r], "systems": systems,
         "policies": ctx.read("policies").get("policies", []),
-        "stages": {k: {x: v.get(x) for x in ("ok", "seconds", "error")} for k, v in stages.items()},
+        "stages": {k: {x: v.get(x) for x in ("ok", "seconds", "error")}
+                   for k, v in stages.items() if isinstance(v, dict)},  # not "status"
     }  # fmt: skip
 
 
