@@ -20,10 +20,13 @@
 #   throughput   the pair in engine processes, N = 1 and 16, graphs on and off
 #   suite        the suite's CUDA test files (gpucheck/suite.py), which skip without CUDA
 #
-# Usage: scripts/gpu_check.sh [--dry-run] OUT_DIR
+# Usage: scripts/gpu_check.sh [--dry-run | --bench] OUT_DIR
 #   -> OUT_DIR/summary.txt (rewritten after every stage; first line PASS, FAIL: stages,
 #      or INCOMPLETE), gpu_check.json, log.txt
 # --dry-run walks every stage on the CPU (float32, tiny models, no MPS); CI runs it.
+# --bench runs `tokenrouterd bench compare --plan gpu` instead, in the same setup (the
+#   carried wheels, tokenizer, kernel cache): OUT_DIR/result.json, summary.txt, table.md,
+#   log.txt, logs/ (docs/gpu.md, "The GPU benchmark"; at most 9 minutes).
 # Exit: 0 all passed, 1 something failed or did not run, 3 no CUDA device (nothing ran).
 #
 # On the device machine (its own Python, torch, nvcc, ninja, psutil; no network):
@@ -32,11 +35,12 @@
 #   2. Copy the tree with .gpu/ to the GPU host; there: timeout 600 bash scripts/gpu_check.sh OUT
 set -u
 
-if [ "${1:-}" = "--dry-run" ]; then
-    export GPU_CHECK_DRY_RUN=1
-    shift
-fi
-out=${1:?usage: scripts/gpu_check.sh [--dry-run] OUT_DIR}
+mode=check
+case "${1:-}" in
+    --dry-run) export GPU_CHECK_DRY_RUN=1; shift ;;
+    --bench) mode=bench; shift ;;
+esac
+out=${1:?usage: scripts/gpu_check.sh [--dry-run | --bench] OUT_DIR}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo" || exit 1
 mkdir -p "$out"
@@ -64,4 +68,7 @@ if [ -z "${GPU_CHECK_WORK:-}" ]; then
 fi
 # flashinfer's kernels: compiled once per machine, into one place every stage reads.
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/gpu_check_flashinfer}
+if [ "$mode" = bench ]; then  # the same setup, then the benchmark's own command
+    exec "$python" -m trd.daemon bench compare --plan gpu --out "$out/result.json"
+fi
 exec "$python" -m gpucheck.main "$out"

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpucheck.attention import CASES, HEADS, check_all
-from make_shaped_checkpoints import Shape, write_checkpoint
 
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.protocol import SamplingParams
+from trd.testing.attention_cases import CASES, HEADS, check_all
+from trd.testing.shaped import Shape, write_checkpoint
 from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 
 pytestmark = pytest.mark.skipif(

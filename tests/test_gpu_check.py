@@ -12,22 +12,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gpucheck.attention
 import pytest
 import torch
-from gpucheck.attention import CASES, HEADS, check_all
-from gpucheck.main import STAGES
-from gpucheck.routing import POLICY, SCHEDULE, expected_tokens, jobs
-from gpucheck.summary import summary, verdict
-from make_shaped_checkpoints import Shape, write_checkpoint
 
+import trd.testing.attention_cases
+from trd.bench.stages import Stages, verdict
 from trd.engines.graphs import StepGraphs, pool_bytes
 from trd.models.attention.torch_paged import TorchPagedAttention
+from trd.testing.attention_cases import CASES, HEADS, check_all
+from trd.testing.shaped import POLICY, SCHEDULE, Shape, expected_tokens, jobs, write_checkpoint
 from trd.testing.wiring import Wiring
 
 from background import Finished
 
 REPO = Path(__file__).resolve().parents[1]
+STAGES = ["versions", "checkpoints", "attention", "engines", "mps", "memory", "throughput",
+          "suite"]  # fmt: skip
 
 
 def check_command(tmp_path: Path, *args: str) -> tuple[list[str], dict[str, str]]:
@@ -56,6 +56,17 @@ def test_the_check_stops_cleanly_without_a_cuda_device(tmp_path: Path) -> None:
     assert results["versions"]["torch"] == torch.__version__
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_the_bench_mode_runs_the_gpu_plan_and_stops_without_a_device(tmp_path: Path) -> None:
+    """`--bench`: the check's setup, then `bench compare --plan gpu` (docs/gpu.md)."""
+    done = run_check(tmp_path, "--bench")
+    assert done.returncode == 3, done.stderr[-2000:]
+    text = (tmp_path / "out" / "summary.txt").read_text()
+    assert text.startswith("NO DEVICE: no CUDA device, nothing was measured"), text
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["kind"] == "bench compare" and result["plan_name"] == "gpu"
+
+
 @pytest.mark.background.with_args(dry_run)
 def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
     """Every stage's code on the CPU: a Python error anywhere fails its stage and the run.
@@ -65,7 +76,7 @@ def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
     assert finished.returncode == 0, text + finished.stderr[-3000:]
     assert text.splitlines()[:2] == ["PASS: all 8 stages", "GPU check (dry run, CPU)"]
     results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
-    assert list(results) == list(STAGES)
+    assert list(results) == STAGES
     assert results["engines"]["graphs_on"]["replays"] > 0  # padded into the buckets
     for qwen2 in ("qwen2-small", "qwen2-large"):  # the demo pair's architecture, biases on
         assert results["engines"][qwen2]["as_designed"], results["engines"][qwen2]
@@ -75,7 +86,7 @@ def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
     assert suite["tests"] == suite["skipped"] > 0 and suite["failures"] == suite["errors"] == 0
 
 
-def test_the_first_line_says_how_far_a_run_got() -> None:
+def test_the_first_line_says_how_far_a_run_got(tmp_path: Path) -> None:
     stages = ("versions", "attention", "engines")
     ok, bad = {"ok": True}, {"ok": False, "error": "exit 1"}
     assert verdict({}, stages) == "INCOMPLETE: 0 of 3 stages passed, last none"
@@ -83,7 +94,18 @@ def test_the_first_line_says_how_far_a_run_got() -> None:
     failed = verdict({"versions": ok, "attention": bad}, stages)
     assert failed == "FAIL: attention (2 of 3 stages ended)"
     assert verdict(dict.fromkeys(stages, ok), stages) == "PASS: all 3 stages"
-    assert summary({"versions": ok, "attention": bad}, stages).startswith(failed + "\n")
+    # The runner rewrites the summary after every stage; a stage it has no time for is
+    # recorded as not run, and one stopped at its limit keeps what it had written.
+    run = Stages(tmp_path / "out", 60, tmp_path / "work", lambda r: verdict(r, stages))
+    code = "import json, sys, time; json.dump({'part': 1}, open(sys.argv[1], 'w')); time.sleep(30)"
+    argv = [sys.executable, "-c", code, str(run.result_path("versions"))]
+    result = run.step("versions", 3, argv)
+    assert result is not None and result["part"] == 1 and not result["ok"]
+    assert "time limit" in result["error"]
+    assert (tmp_path / "out/summary.txt").read_text() == verdict(run.results, stages)
+    run.deadline = 0.0
+    assert run.step("attention", 10, [sys.executable, "-c", "pass"]) is None
+    assert run.results["attention"]["error"] == "not run: out of time"
 
 
 def test_the_graph_pool_is_the_allocators_segments_of_that_pool() -> None:
@@ -107,10 +129,9 @@ def test_the_attention_harness_passes_a_right_backend_and_fails_a_wrong_one(
         def attend(self, q, k, v, kv_cache):  # type: ignore[no-untyped-def]
             return super().attend(q, k.roll(1, 0), v.roll(1, 0), kv_cache)
 
-    monkeypatch.setattr(gpucheck.attention, "make_backend", lambda *a: OffByOne(a[1]))
+    monkeypatch.setattr(trd.testing.attention_cases, "make_backend", lambda *a: OffByOne(a[1]))
     rows = check_all("torch", torch.float32, "cpu")
     assert not any(r["ok"] for r in rows)
-    assert "<-- FAIL" in summary({"attention": {"ok": False, "cases": rows}}, ("attention",))
 
 
 @pytest.fixture(scope="module")

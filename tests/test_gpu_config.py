@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-from make_shaped_checkpoints import Shape, write_checkpoint
 
 from trd import devices
 from trd.config import ConfigError, from_dict
@@ -19,6 +18,7 @@ from trd.engines.spec import EngineSpec
 from trd.memplan.plan import GIB, MIB
 from trd.models.attention import support
 from trd.supervisor.deployment import plan_deployment
+from trd.testing.shaped import Shape, write_checkpoint
 
 H200 = GpuInfo(1, "NVIDIA H200", 141 * GIB, 140 * GIB, "GPU-0c5e7a1f-0000-4000-8000-000000000001")
 OTHER = GpuInfo(0, "NVIDIA H200", 141 * GIB, 140 * GIB, "GPU-0c5e7a1f-0000-4000-8000-000000000000")

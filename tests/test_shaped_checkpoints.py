@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from make_shaped_checkpoints import SHAPES, Shape, write_checkpoint
 from transformers import AutoModelForCausalLM
 
 from trd.engines.engine import Engine
 from trd.engines.spec import EngineSpec
 from trd.models.checkpoint import ModelConfig, read_checkpoint
 from trd.protocol import SamplingParams
+from trd.testing.shaped import SHAPES, Shape, write_checkpoint
 from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 
 

@@ -1,6 +1,6 @@
 """The shaped pair, written for the other stages: Qwen3-0.6B and Qwen3-8B shapes with
 LAYERS layers each (common.py), random weights built so greedy decoding writes a known
-token (make_shaped_checkpoints.py), drawn on the device.
+token (trd/testing/shaped.py), drawn on the device.
 
     python -m gpucheck.checkpoints OUT.json
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
-from make_shaped_checkpoints import write_checkpoint
-
 from gpucheck.common import DEVICE, WORK, dump, log, shapes
+from trd.testing.shaped import write_checkpoint
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""What every stage shares: progress lines, JSON results, the paths, the models and the mode.
+"""What every stage shares: the paths, the models and the mode (progress lines and JSON
+results: trd/bench/stages.py).
 
 The check runs on a GPU (bfloat16 on cuda, the shaped pair: the published Qwen3-0.6B and
 -8B shapes with a few layers) or, with GPU_CHECK_DRY_RUN=1, on the CPU (float32, the
@@ -8,16 +9,13 @@ same construction at a tiny size), so CI walks every stage's code without a devi
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from make_shaped_checkpoints import SHAPES, Shape
+from trd.bench.stages import dump, log
+from trd.testing.shaped import SHAPES, Shape, tiny
 
-START = time.monotonic()
+__all__ = ["dump", "log"]  # every stage takes them from here
 REPO = Path(__file__).resolve().parents[2]  # the checkout the check runs from
 # Where the stages put their results and the shaped checkpoints (set by gpu_check.sh).
 WORK = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/gpu_check"))
@@ -26,12 +24,6 @@ DEVICE, DTYPE = ("cpu", "float32") if DRY_RUN else ("cuda", "bfloat16")
 # Layers of each published shape: enough for the kernels, the graphs and the memory plan,
 # written in seconds (the full 8B is 16 GB).
 LAYERS = 2
-
-
-def tiny(shape: Shape) -> Shape:
-    """The dry run's stand-in: the same construction (tied repeats, untied adds one)."""
-    return dataclasses.replace(shape, name=f"tiny-{shape.name}", hidden=64, intermediate=128,
-                               heads=4, kv_heads=2, head_dim=16, vocab=4096)  # fmt: skip
 
 
 def shapes() -> dict[str, Shape]:
@@ -45,20 +37,11 @@ def shapes() -> dict[str, Shape]:
         "qwen2-large": SHAPES["qwen2.5-1.5b"],
     }
     chosen = {k: dataclasses.replace(s, layers=LAYERS) for k, s in chosen.items()}
-    return {k: tiny(s) for k, s in chosen.items()} if DRY_RUN else chosen
+    return {k: tiny(s, LAYERS) for k, s in chosen.items()} if DRY_RUN else chosen
 
 
 def model_path(which: str) -> Path:
     return WORK / "shaped" / shapes()[which].name
-
-
-def log(msg: str) -> None:
-    """One progress line: seconds since this process started, then the message."""
-    print(f"[{time.monotonic() - START:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def dump(path: str | Path, data: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(data, indent=1, default=str))
 
 
 def first_mismatch(a: list[list[int]], b: list[list[int]]) -> str:

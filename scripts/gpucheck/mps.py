@@ -3,12 +3,13 @@
     python -m gpucheck.mps OUT.json
 
 Finds nvidia-cuda-mps-control (PATH, the driver's folders, else the Debian package
-scripts/gpu_check_prepare.sh carried in .gpu/mps; the daemon refuses one of another
-driver branch, saying so), starts `tokenrouterd` with the shaped pair (0.6B-shaped entry,
-8B-shaped large) and the scripted schedule of routing.py, and sends the routed workload
-as completions with token-id prompts, four at a time, through HTTP. Every answer's token
-ids must equal the ones the shaped weights make under that schedule (routing.py
-`expected_tokens`: computed, no model runs for it). Then NVML (MPS client processes),
+scripts/gpu_check_prepare.sh carried in .gpu/mps: trd/mps/driver.py `find_control`; the
+daemon refuses one of another driver branch, saying so), starts `tokenrouterd` with the
+shaped pair (0.6B-shaped entry, 8B-shaped large) and the scripted schedule of
+trd/testing/shaped.py, and sends the routed workload as completions with token-id
+prompts, four at a time, through HTTP. Every answer's token ids must equal the ones the
+shaped weights make under that schedule (shaped.py `expected_tokens`: computed, no model
+runs for it). Then NVML (MPS client processes),
 nvidia-smi (compute apps) and the control daemon (client list) say which processes use
 the GPU: each engine (the daemon's children, found with psutil) must be among NVML's or
 nvidia-smi's. Stops the daemon and checks that the MPS control daemon went with it.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,20 +40,12 @@ from gpucheck.common import (
     log,
     model_path,
 )
-from gpucheck.routing import SCHEDULE, expected_tokens, jobs
 from trd.bench.server import Daemon, daemon_config, launch_daemon, write_config
+from trd.mps.driver import find_control, path_with
 from trd.protocol import SamplingParams
+from trd.testing.shaped import SCHEDULE, expected_tokens, jobs
 
-CANDIDATES = ["/usr/local/nvidia/bin", "/usr/bin", "/usr/sbin", "/usr/local/bin",
-              str(REPO / ".gpu/mps/root/usr/bin")]  # fmt: skip
-
-
-def find_control() -> Path | None:
-    found = shutil.which("nvidia-cuda-mps-control")
-    if found:
-        return Path(found)
-    hits = (Path(d) / "nvidia-cuda-mps-control" for d in CANDIDATES)
-    return next((p for p in hits if os.access(p, os.X_OK)), None)
+CARRIED = REPO / ".gpu/mps/root/usr/bin"  # scripts/gpu_check_prepare.sh's package
 
 
 def config() -> dict[str, Any]:
@@ -115,16 +107,14 @@ def mps_clients(control: Path, env: dict[str, str]) -> dict[str, Any]:
 
 def main() -> None:
     out_path = sys.argv[1]
-    control = None if DRY_RUN else find_control()
+    control = None if DRY_RUN else find_control([CARRIED])
     result: dict[str, Any] = {"control": str(control) if control else None}
     if control is None and not DRY_RUN:
         dump(out_path, {"ok": False, **result, "error": "no nvidia-cuda-mps-control binary"})
         return
     log(f"MPS control binary: {control}")
     work = Path(tempfile.mkdtemp(prefix="trdmps-", dir="/tmp"))
-    path = os.environ.get("PATH", "")
-    if control is not None:  # the server binary sits next to the control binary
-        path = os.pathsep.join([str(control.parent), str(control.parent.parent / "sbin"), path])
+    path = path_with(control) if control is not None else os.environ.get("PATH", "")
     env = {"RUNTIME_DIRECTORY": str(work), "PATH": path}
     daemon = launch_daemon(write_config(config(), work / "config.yaml"), env)
     try:

@@ -22,11 +22,12 @@ from pathlib import Path
 from gpucheck.common import DRY_RUN, REPO, WORK, dump, log
 
 # Every test file that takes the CUDA path: real kernels and graphs (test_flashinfer),
-# backend choice, the torch backend, the step timer, plan ordering, workspace, config.
+# backend choice, the torch backend, the step timer, plan ordering, workspace, config,
+# the policies' one read-back per routing step (test_routing_device: the device's own).
 CUDA_TESTS = ["tests/test_flashinfer.py", "tests/test_attention_backends.py",
               "tests/test_torch_attention.py", "tests/test_model_timer.py",
               "tests/test_flashinfer_plan_order.py", "tests/test_flashinfer_workspace.py",
-              "tests/test_gpu_config.py"]  # fmt: skip
+              "tests/test_gpu_config.py", "tests/test_routing_device.py"]  # fmt: skip
 
 
 def fixtures_into_the_checkout() -> None:

@@ -5,18 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def verdict(results: dict[str, Any], stages: tuple[str, ...]) -> str:
-    """PASS (every stage ran and passed), FAIL naming the failed stages, or INCOMPLETE
-    naming the last stage that ended (a run cut off, or still running)."""
-    done = [s for s in stages if isinstance(results.get(s), dict)]
-    failed = [s for s in done if not results[s].get("ok")]
-    if failed:
-        return f"FAIL: {', '.join(failed)} ({len(done)} of {len(stages)} stages ended)"
-    if len(done) == len(stages):
-        return f"PASS: all {len(stages)} stages"
-    last = done[-1] if done else "none"
-    return f"INCOMPLETE: {len(done)} of {len(stages)} stages passed, last {last}"
+from trd.bench.stages import verdict
 
 
 def summary(results: dict[str, Any], stages: tuple[str, ...]) -> str:

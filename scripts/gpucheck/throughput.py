@@ -6,7 +6,7 @@ Closed loop at N = 1 and 16 (2N requests, at least 4; 64-token prompts, 128 outp
 tokens), a scripted schedule giving the 8B-shaped model every fourth position (25%), each
 engine in its own process as the daemon runs them (without MPS: mps.py checks that
 part). Every request's tokens must be the ones the shaped weights make under the
-schedule (routing.py `expected_tokens`). The dry run: N = 1, 2, 8 output tokens, once.
+schedule (trd/testing/shaped.py `expected_tokens`). The dry run: N = 1, 2, 8 output tokens, once.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import time
 from typing import Any
 
 from gpucheck.common import DEVICE, DRY_RUN, DTYPE, dump, first_mismatch, log, model_path
-from gpucheck.routing import expected_tokens
 from trd.bench.engines import run_closed_loop
 from trd.engines.spec import EngineSpec
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.supervisor.group import EngineGroup
+from trd.testing.shaped import expected_tokens
 
 LEVELS = (1, 2) if DRY_RUN else (1, 16)
 SCHEDULE = [0, 0, 0, 1]  # the large model makes 25% of the tokens

@@ -269,11 +269,13 @@ def start_daemon(
 
 
 def serve_config(
-    name: str, cfg: Mapping[str, Any], folder: Path, timeout: float = START_TIMEOUT_S
-) -> Daemon:
+    name: str, cfg: Mapping[str, Any], folder: Path, timeout: float = START_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> Daemon:  # fmt: skip
     """The daemon of config `cfg` (written to folder/NAME.yaml), serving."""
     folder.mkdir(parents=True, exist_ok=True)
-    return start_daemon(write_config(cfg, folder / f"{name}.yaml"), timeout=timeout, name=name)
+    config = write_config(cfg, folder / f"{name}.yaml")
+    return start_daemon(config, env, timeout=timeout, name=name)
 
 
 # -- the other systems ------------------------------------------------------------------

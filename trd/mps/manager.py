@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from trd.mps.driver import branch_mismatch, driver_version
+from trd.mps.driver import MPS_CONTROL, branch_mismatch, driver_version
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,6 @@ START_TIMEOUT_S = 10.0
 QUIT_TIMEOUT_S = 10.0
 # sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
-
-
-MPS_CONTROL = "nvidia-cuda-mps-control"
 
 
 class MpsError(RuntimeError):

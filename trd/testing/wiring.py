@@ -14,7 +14,7 @@ cache per model) and checks that every engine freed every page.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +31,21 @@ from trd.supervisor.group import prefill_ahead, submit_to
 from trd.testing.reference import Trace
 
 Job = tuple[list[int], SamplingParams]
+Make = Callable[[EngineSpec, Callable[[int, Message], None]], RoutingEngine]
 
 
 class Wiring:
     """Engines + per-node inboxes; with a seed, interleavings chosen by it and half the
     peer messages duplicated out of order."""
 
-    def __init__(self, specs: Sequence[EngineSpec], seed: int | None = None) -> None:
+    def __init__(
+        self, specs: Sequence[EngineSpec], seed: int | None = None, make: Make = build
+    ) -> None:
+        """`make(spec, send)` builds each node (default: a new engine with its policy; the
+        GPU benchmark's policy check puts new policies on engines it already loaded)."""
         self.rng = None if seed is None else random.Random(seed)
         self.inbox: dict[int, list[Message]] = {n: [] for n in [FRONTEND, *range(len(specs))]}
-        self.engines: list[RoutingEngine] = [build(spec, self._send) for spec in specs]
+        self.engines: list[RoutingEngine] = [make(spec, self._send) for spec in specs]
         self.ahead = prefill_ahead(specs)
         self.tracked: dict[int, Generation] = {}
         self.injected = 0

@@ -45,6 +45,7 @@ from trd.bench.compare.systems import (
     OfficialLoop,
     daemon_config,
     daemon_target,
+    rstitch,
     start_std_servers,
     std_config,
 )
@@ -163,7 +164,7 @@ class AgentBench:
         return run
 
     async def run_official(self) -> None:
-        loop = OfficialLoop(self.pair.models, self.tau, self.shape.answer_tokens)
+        loop = OfficialLoop(self.pair.models, rstitch(self.tau), self.shape.answer_tokens)
         self.systems["official"] = loop.config()
         turns, wall = await run_load(loop, self.convs[:-1], max_concurrency=1, label="official")
         for t in turns:

@@ -18,9 +18,11 @@ and the same greedy requests (EOS ignored):
 Every request of every system is compared, by its token ids and the model that produced
 each, with the official loop's output for the same prompt. Pairs: `--pair demo` (the
 real pair, chat prompts; the report's main table) or `--pair tiny` (the fixtures; the
-quicker second table). A run goes in a folder of its own under results/
-(results/README.md); the real pair's `pair` plan takes about an hour on 2 cores, its
-`full` plan many hours:
+quicker second table). `--plan gpu` measures on a GPU instead (docs/gpu.md: the shaped
+pairs at published depth, the transformers baselines, the bounds, issue 53's targets;
+with --dry-run the same on the CPU at tiny shapes). A run goes in a folder of its own
+under results/ (results/README.md); the real pair's `pair` plan takes about an hour on
+2 cores, its `full` plan many hours:
 
     tokenrouterd bench compare --pair demo --plan pair --out results/DATE-demo/result.json
     tokenrouterd bench compare --pair tiny --out results/DATE-tiny/result.json
@@ -58,15 +60,22 @@ from trd.bench.compare.pairs import DEFAULT_TAU, PAIRS, load_pair
 from trd.bench.compare.plan import PLANS
 from trd.bench.compare.runner import Bench
 from trd.bench.compare.systems import ENGINE
+from trd.bench.gpu.run import run_gpu
 from trd.bench.result import Result
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tokenrouterd bench compare", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
-    ap.add_argument("--plan", choices=sorted([*PLANS, *BASELINES]), default="full",
-                    help="baseline: the demo pair beside llama-server (baseline.py); the "
-                    "others: plan.py")  # fmt: skip
+    ap.add_argument("--plan", choices=sorted([*PLANS, *BASELINES, "gpu"]), default="full",
+                    help="baseline: the demo pair beside llama-server (baseline.py); gpu: "
+                    "the shaped pairs at published depth on a GPU (trd/bench/gpu/run.py); "
+                    "the others: plan.py")  # fmt: skip
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --plan gpu: every stage on the CPU at tiny shapes (CI)",
+    )
     ap.add_argument("--pair", choices=PAIRS, default="demo")
     ap.add_argument("--tau", type=float, help="R-Stitch entropy threshold (default: the pair's)")
     ap.add_argument("--cache-dir", type=Path, help="fixture model cache (default: ~/.cache)")
@@ -101,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = ap.parse_args(argv)
     command = ["tokenrouterd", "bench", "compare", *(sys.argv[3:] if argv is None else argv)]
+    if args.dry_run and args.plan != "gpu":
+        ap.error(f"--dry-run: only --plan gpu has a dry run, not --plan {args.plan}")
+    if args.plan == "gpu":
+        return run_gpu("gpu_dry" if args.dry_run else "gpu", args.out, command)
     if args.plan in BASELINES:
         try:
             run_baseline(args.plan, "tiny" if args.pair == "tiny" else "qwen", args.out,

@@ -34,6 +34,7 @@ from trd.bench.compare.systems import (
     cpu_linear,
     daemon_config,
     daemon_target,
+    rstitch,
     start_std_servers,
     std_config,
 )
@@ -202,7 +203,7 @@ class Bench:
                   flush=True)  # fmt: skip
 
     async def run_official(self) -> None:
-        loop = OfficialLoop(self.models, self.tau)
+        loop = OfficialLoop(self.models, rstitch(self.tau))
         self.systems["official"] = loop.config()
 
         def make(max_tokens: int) -> Target:

@@ -2,9 +2,10 @@
 
 Before any system runs, each model's engine is loaded in this process (the daemon's
 engine code, dtype, linears and thread count) and stepped on its own, with nothing else
-running: the fastest decode step at batch sizes `BATCHES` over a context of the run's
-typical length, and the fastest of three one-row prefills of `PREFILL` tokens (the
-fastest: a busy host only slows a step, and a slowed calibration would flatter the run).
+running: the fastest decode step at batch sizes `BATCHES` (or the caller's) over a
+context of the run's typical length, and the fastest of three one-row prefills of
+`PREFILL` tokens (the fastest: a busy host only slows a step, and a slowed calibration
+would flatter the run).
 A step's linear layers, most of its cost, see one row per token fed, whether the tokens
 are one per request or a request's unseen suffix after a handoff; so cost_m(f), the cost
 of a step that fed f tokens, interpolates those points by tokens fed (and extends the
@@ -27,7 +28,7 @@ the calibration's, and the routing policy's own work per step.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,14 @@ def _prefill_ms(engine: Engine) -> float:
     return 1e3 * best
 
 
-def calibrate(path: Path, dtype: str, context: int, **settings: Any) -> dict[str, Any]:
+def calibrate(
+    path: Path, dtype: str, context: int, *, batches: Sequence[int] = BATCHES, **settings: Any
+) -> dict[str, Any]:
     """One model's step costs, in ms: the decode step at each batch size, and a prefill."""
-    kv_tokens = (max(BATCHES) + 1) * (context + DECODE_STEPS + PREFILL + 16)
+    kv_tokens = (max(batches) + 1) * (context + DECODE_STEPS + PREFILL + 16)
     engine = Engine(EngineSpec.of(path, dtype=dtype, kv_tokens=kv_tokens, **settings))
     _decode_ms(engine, 1, context)  # warm-up
-    points = [[b, _decode_ms(engine, b, context)] for b in BATCHES]
+    points = [[b, _decode_ms(engine, b, context)] for b in batches]
     return {"decode_ms": points, "prefill_ms": [PREFILL, _prefill_ms(engine)],
             "context": context}  # fmt: skip
 

@@ -40,7 +40,10 @@ CORES = os.cpu_count() or 1  # the host's: the threads of the agent bench's *_wi
 # same; the official loop is transformers' own (`trd/testing/reference.py`), as research
 # code runs it.
 ONEDNN_MIN_HIDDEN = 512
-ENGINE = {"threads": THREADS, "max_batch_tokens": 2048}  # every daemon engine's settings
+ENGINE: dict[str, Any] = {
+    "threads": THREADS,
+    "max_batch_tokens": 2048,
+}  # every daemon engine's settings
 MODEL = "small+large"  # the daemon's model id for the pair
 
 
@@ -117,15 +120,17 @@ class OfficialLoop(TokenTarget):
     """`trd/testing/reference.py` with its KV caches, the research-code way: one request
     at a time (it blocks the event loop while it runs, so it runs at N=1)."""
 
-    def __init__(self, models: dict[str, Path], tau: float, max_tokens: int = 0) -> None:
+    def __init__(
+        self, models: dict[str, Path], policy: PolicySpec, max_tokens: int = 0,
+        dtype: str = DTYPE, device: str = "cpu",
+    ) -> None:  # fmt: skip
         super().__init__(list(models), max_tokens)
-        self.models, self.tau = models, tau
-        policy = PolicySpec("rstitch", {"threshold": tau})
-        self.router = ReferenceRouter(list(models.values()), policy, DTYPE, kv_cache=True)
+        self.models, self.policy, self.dtype = models, policy, dtype
+        self.router = ReferenceRouter(list(models.values()), policy, dtype, device, kv_cache=True)
 
     def config(self) -> dict[str, Any]:
         return {"kind": "official loop", "models": {n: str(p) for n, p in self.models.items()},
-                "dtype": DTYPE, "policy": {"name": "rstitch", "threshold": self.tau},
+                "dtype": self.dtype, "policy": {"name": self.policy.name, **self.policy.params},
                 "kv_cache": True}  # fmt: skip
 
     async def generate(self, ids: list[int]) -> tuple[float, float, list[int], list[int]]:
@@ -133,8 +138,17 @@ class OfficialLoop(TokenTarget):
         return out.ttft, out.latency, out.tokens, out.models
 
 
-def daemon_target(session: aiohttp.ClientSession, url: str, max_tokens: int) -> Client:
+def rstitch(tau: float) -> PolicySpec:
+    return PolicySpec("rstitch", {"threshold": tau})
+
+
+def daemon_target(
+    session: aiohttp.ClientSession, url: str, max_tokens: int,
+    extra_body: dict[str, Any] | None = None,
+) -> Client:  # fmt: skip
     """The daemon through the load client: token-id prompts to /v1/completions, greedy,
-    EOS ignored, the token ids and producers asked for and checked against the usage."""
-    settings = Settings(url, MODEL, "completions", max_tokens, ignore_eos=True)
+    EOS ignored, the token ids and producers asked for and checked against the usage;
+    `extra_body` in every request (e.g. its routing)."""
+    settings = Settings(url, MODEL, "completions", max_tokens, ignore_eos=True,
+                        extra_body=extra_body or {})  # fmt: skip
     return Client(session, settings)

@@ -1,13 +1,14 @@
 """Random-weight checkpoints with the exact shapes of Qwen3-0.6B and Qwen3-8B (and of the
-demo pair, Qwen2.5-0.5B and -1.5B: `--models qwen2.5-0.5b,qwen2.5-1.5b`).
+demo pair, Qwen2.5-0.5B and -1.5B), made in seconds, and the tokens they write.
 
-    python scripts/make_shaped_checkpoints.py DEST [--models 0.6b,8b] [--device cuda]
-                                              [--layers N]
+    python -m trd.testing.shaped DEST [--models 0.6b,8b] [--device cuda] [--layers N]
 
 Writes DEST/qwen3-0.6b-shaped/ and DEST/qwen3-8b-shaped/: config.json, sharded bf16
 safetensors with model.safetensors.index.json, the tokenizer. Each tensor is made, cast
 and written shard by shard (`--shard-mib`), so a host with little RAM can make the 16 GB
 8B; `--device cuda` draws the numbers on a GPU (much faster) and writes them the same way.
+The GPU check (scripts/gpu_check.sh) and `tokenrouterd bench compare --plan gpu` make them
+on the device; the tests make small ones.
 
 Shapes: Qwen's published config.json of each model (head_dim 128, GQA 16/8 and 32/8,
 qk-norm, vocab 151936, rope_theta 1e6, context 40960; 0.6B ties its LM head to the
@@ -27,7 +28,9 @@ gate and up ~ N(0, 0.02^2); o_proj and down_proj ~ N(0, 0.02^2 / (2 x layers)), 
 layers add a small, context-dependent part; norms 1. The LM head makes the next token
 the current one (0.6B, tied) or the current one + 1 modulo the tokenizer's vocabulary
 (8B: its row j is the embedding row of j - 1): the two models write different tokens,
-so a routed response shows which model made each position.
+so a routed response shows which model made each position (`expected_tokens`). The
+margins are so wide (hundreds of nats at the published widths) that every other token's
+probability is exactly 0 in float32: entropies are exactly 0 at every position.
 """
 
 from __future__ import annotations
@@ -37,13 +40,15 @@ import dataclasses
 import json
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from trd.policies.params import PolicySpec
+from trd.protocol import SamplingParams
 from trd.testing.tinymodels.cache import ensure_tokenizer
 from trd.testing.tinymodels.tokenizer import EOS_ID, VOCAB_SIZE, save_tokenizer
 
@@ -131,6 +136,43 @@ SHAPES = {
     "qwen2.5-1.5b": Shape("qwen2.5-1.5b-shaped", 1536, 8960, 28, 12, 2, tied=False,
                           family="qwen2"),
 }  # fmt: skip
+
+
+def tiny(shape: Shape, layers: int = 2) -> Shape:
+    """A CPU stand-in of `shape`: the same construction (tied repeats, untied adds one,
+    the same family) at a small width, wide enough that its margins (~190 nats) still
+    leave every other token's probability exactly 0 in float32."""
+    return dataclasses.replace(shape, name=f"tiny-{shape.name}", hidden=256, intermediate=512,
+                               layers=layers, heads=4, kv_heads=2, head_dim=64,
+                               vocab=4096)  # fmt: skip
+
+
+def expected_tokens(prompt: Sequence[int], n: int, schedule: Sequence[int]) -> list[int]:
+    """What a shaped pair (tied small, untied large) writes when model schedule[p % len]
+    makes output position p: the large one (1) adds 1 to the current token."""
+    out, cur = [], prompt[-1]
+    for p in range(n):
+        cur = (cur + schedule[p % len(schedule)]) % VOCAB_SIZE
+        out.append(cur)
+    return out
+
+
+# The GPU check's routed workload for the shaped pair: the schedule [1, 0, 0, 1, 1, 0]
+# hands requests over at every kind of position (the first output token is the large
+# model's, later ones alternate in runs of one and two, and the output lengths end on
+# either model).
+SCHEDULE = [1, 0, 0, 1, 1, 0]
+POLICY = PolicySpec("scripted", {"schedule": SCHEDULE})
+Job = tuple[list[int], SamplingParams]
+
+
+def jobs(count: int = 12, max_tokens: Sequence[int] = (1, 2, 3, 5, 6, 7, 12, 33)) -> list[Job]:
+    """Prompts of 3..60 ids of the shared tokenizer; output lengths ending on both models."""
+    return [
+        ([(7 * i + 13 * j) % (VOCAB_SIZE - 1) + 1 for j in range(3 + (i * 11) % 58)],
+         SamplingParams(max_tokens=max_tokens[i % len(max_tokens)], ignore_eos=True))
+        for i in range(count)
+    ]  # fmt: skip
 
 
 def make_tensor(name: str, shape: tuple[int, ...], std: float, dev: str) -> torch.Tensor:
