@@ -64,8 +64,8 @@ def alone(spec: EngineSpec) -> list[list[int]]:
 def test_extreme_sampling_values_pick_a_real_token(params: SamplingParams) -> None:
     logits = torch.tensor([[1e30, -1e30, 3.0, float("-inf")], [0.0, 0.0, 0.0, 0.0]])
     tokens = sample(logits, [params, params], [0, 1])
-    assert tokens[0] == 0 if params.temperature < 1 else 0 <= tokens[0] < 4
-    assert all(0 <= t < 4 for t in tokens)
+    assert tokens[0] == 0  # 1e30 holds all the mass at any temperature
+    assert 0 <= tokens[1] < 4
 
 
 def test_near_zero_temperature_is_greedy_in_the_engine(spec: EngineSpec) -> None:
