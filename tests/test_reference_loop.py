@@ -1,7 +1,8 @@
 """The one reference loop (trd/testing/reference.py) in its two modes: the research-code
 baseline the benchmarks and the GPU check time (a KV cache per model, caught up on
 hand-back) gives the float64 oracle's exact trace (tokens, producers, finish, tokens fed
-per model), with every policy hook the daemon runs (GlimpRouter's send/receive too)."""
+per model). Both decide with the reference's own rules (trd/testing/reference_rules.py),
+which test_reference_rules.py checks against the policies' definitions."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """The reference loop: one request at a time, no batching, transformers models.
 
-It runs the same policy semantics as the daemon (the policy's decision function on the
-same logits and hidden state, the vocabulary cut, the early-stop ban, the policies'
-send/receive hand-off, a request's own routing: its model, threshold or share, whose
-state the engines pass along with each handoff and this loop keeps on its one request)
-but none of the runtime: no paging, no anchors, no pending KV, no
-rings. The oracle (tests, float64): each position recomputes the whole sequence from
-scratch on the current model. The research-code baseline (benchmarks, the GPU check;
+It runs the daemon's semantics (the vocabulary cut, the grammar mask, the early-stop ban,
+sampling, each policy's decision rule) in its own, simpler code (reference_sampling.py,
+reference_rules.py here: of trd/policies only the router heads' file readers, nothing of
+the engines' sampler or masks), and none of the runtime: no paging, no anchors, no
+pending KV, no rings. The oracle (tests, float64): each position recomputes the whole
+sequence from scratch on the current model. The research-code baseline (benchmarks, the GPU check;
 `kv_cache=True`): what the R2R and CITER repositories do, a `DynamicCache` per request
 and model, and a model that gets the request back first catches its cache up on the
 tokens it has not seen.
@@ -23,16 +22,13 @@ from typing import cast
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from trd.engines.constrain import Constraints
-from trd.engines.request import Request
-from trd.engines.sampler import ban_early_stops, sample
 from trd.models.checkpoint import Checkpoint, read_checkpoint
 from trd.models.loader import read_weights
 from trd.models.quantize import quantise_loaded, replace_layers
-from trd.policies.base import PolicyContext, RoutingPolicy, StepView, host_routes, pinned
-from trd.policies.factory import make_policy
 from trd.policies.params import PolicySpec
 from trd.protocol import FinishReason, SamplingParams
+from trd.testing.reference_rules import OwnRouting, Position, make_rule
+from trd.testing.reference_sampling import GrammarMask, draw, stop_ids
 
 
 def _load(path: Path, dtype: torch.dtype, device: str, quantization: str) -> PreTrainedModel:
@@ -99,19 +95,19 @@ class ReferenceRouter:
         entry = read_checkpoint(Path(paths[0]))
         self.eos = entry.config.eos_token_ids
         self.vocab = entry.vocab_limit  # as the engines: padding rows are never sampled
-        self.constraints = Constraints(Path(paths[0]), self.eos)  # masks as the engines'
-        self.policies: list[RoutingPolicy] = [
-            make_policy(policy, PolicyContext(i, len(paths), m.get_input_embeddings(), Path(p)))
-            for i, (m, p) in enumerate(zip(self.models, paths, strict=True))
-        ]
+        self.tokenizer_json = Path(paths[0]) / "tokenizer.json"
+        self.rule = make_rule(policy, paths, self.models[0].get_input_embeddings())
 
     @torch.inference_mode()
     def run(self, prompt: Sequence[int], params: SamplingParams) -> Trace:
         start = time.perf_counter()
-        seq, trace, cur = list(prompt), Trace(), params.routing.model or 0
-        last = len(self.models) - 1
+        pin = params.routing.model  # the request's own model writes every token
+        seq, trace, cur = list(prompt), Trace(), pin or 0
+        last, own = len(self.models) - 1, OwnRouting()
         caches = [DynamicCache() if self.kv_cache else None for _ in self.models]
-        req = Request(0, seq, len(prompt), params, arrival=0.0)
+        grammar = (
+            GrammarMask(self.tokenizer_json, self.eos, params.grammar) if params.grammar else None
+        )
         while True:
             cache = caches[cur]
             seen = cache.get_seq_length() if cache is not None else 0
@@ -119,18 +115,23 @@ class ReferenceRouter:
             # logits_to_keep: only the last position's logits (a prefill's full logits are
             # positions x vocabulary, 151,936 wide for Qwen: as costly as the layers).
             out = self.models[cur](feed, cache=cache, output_hidden_states=True, logits_to_keep=1)
-            logits, hidden = out.logits[0, -1:, : self.vocab], out.hidden_states[-1][0, -1:]
-            if self.constraints.apply([req], logits):
-                trace.finish = FinishReason.ERROR  # the grammar allows no next token
-                return trace
-            ban_early_stops(logits, [params], [len(trace.tokens)], self.eos)
-            token = sample(logits, [params], [len(seq)])[0]
+            logits, hidden = out.logits[0, -1, : self.vocab], out.hidden_states[-1][0, -1]
+            banned = stop_ids(params, self.eos, len(trace.tokens))
+            if grammar is not None:
+                allowed = grammar.allowed(trace.tokens, banned, logits.shape[0]).to(logits.device)
+                if not bool(allowed.any()):
+                    trace.finish = FinishReason.ERROR  # the grammar allows no next token
+                    return trace
+                logits = logits.masked_fill(~allowed, -torch.inf)
+            logits = logits.clone()
+            logits[[t for t in banned if t < logits.shape[0]]] = -torch.inf
+            token = draw(logits, params, len(seq))
             trace.forwards += 1
             trace.fed[cur] = len(seq)
-            view = StepView(logits, hidden, torch.tensor([token], device=self.device))
-            route = host_routes(pinned([req], self.policies[cur].route([req], view), cur))[0]
-            if route.commit:
-                req.large_tokens += cur == last
+            large = sum(m == last for m in trace.models)
+            at = Position(cur, logits, hidden, token, prompt, trace.tokens, params, large, own)
+            dst, keep = (pin, cur == pin) if pin is not None else self.rule(at)
+            if keep:
                 seq.append(token)
                 trace.tokens.append(token)
                 trace.models.append(cur)
@@ -142,6 +143,4 @@ class ReferenceRouter:
                 if trace.finish is not FinishReason.NONE:
                     trace.latency = time.perf_counter() - start
                     return trace
-            if route.dst != cur:
-                self.policies[route.dst].receive(req, self.policies[cur].send(req, route.dst))
-            cur = route.dst
+            cur = dst
