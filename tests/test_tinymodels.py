@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from trd.models.cache import publish
 from trd.testing.tinymodels import train as tr
 from trd.testing.tinymodels.build import build_one, save_random_checkpoint
 from trd.testing.tinymodels.cache import BUILD_VERSION, cache_root, ensure_tokenizer
@@ -137,3 +139,18 @@ def test_cache_root_is_absolute_whatever_the_working_directory(
     monkeypatch.setenv("TRD_CACHE_DIR", "rel/cache")
     assert cache_root() == tmp_path / "rel" / "cache" / f"tiny-models-v{BUILD_VERSION}"
     assert cache_root(Path("other")).is_absolute()
+
+
+def test_a_published_folder_is_readable_by_every_user(tmp_path: Path) -> None:
+    """The daemon may run as another user than the one who built its checkpoints (the
+    unit's DynamicUser); safetensors and mkdtemp write owner-only modes."""
+
+    def build(tmp: Path) -> None:
+        (tmp / "model").mkdir(mode=0o700)
+        (tmp / "model" / "model.safetensors").write_bytes(b"")
+        (tmp / "model" / "model.safetensors").chmod(0o600)
+
+    publish(tmp_path, build, ["model"])
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "model").rglob("*")}
+    assert modes == {"model.safetensors": 0o644}
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o755

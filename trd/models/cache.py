@@ -59,12 +59,21 @@ def is_complete(folder: Path, files: tuple[str, ...]) -> bool:
     return all((folder / f).is_file() for f in files)
 
 
+def readable_by_all(folder: Path) -> None:
+    """Open a checkpoint folder written here to every user: mkdtemp and safetensors create
+    owner-only modes, and the daemon may run as another user (the unit's DynamicUser)."""
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def publish(root: Path, build: Callable[[Path], object], names: list[str]) -> None:
-    """Run build(tmp) and move each tmp/<name> to root/<name>; caller holds the lock."""
+    """Run build(tmp) and move each tmp/<name> to root/<name>, readable by every user;
+    caller holds the lock."""
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
         build(tmp)
         for name in names:
+            readable_by_all(tmp / name)
             if (root / name).exists():  # an incomplete leftover of an older layout
                 shutil.rmtree(root / name)
             os.rename(tmp / name, root / name)

@@ -265,7 +265,9 @@ def _read_json(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path.parent}: missing {path.name}") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except OSError as exc:  # unreadable by the user the daemon runs as, say
+        raise CheckpointError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object")

@@ -41,6 +41,7 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from trd.models.cache import readable_by_all
 from trd.models.gguf_meta import GGUFImportError, GGUFMeta
 from trd.models.gguf_quant import gguf_quant
 from trd.models.gguf_tokenizer import save_tokenizer
@@ -252,10 +253,7 @@ def import_gguf(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.import-", dir=out_dir.parent))
     try:
         _write(meta, tmp, dtype, quantization)
-        # mkdtemp and safetensors create owner-only modes; a checkpoint is read by whichever
-        # user the daemon runs as.
-        for path in (tmp, *tmp.iterdir()):
-            path.chmod(0o755 if path.is_dir() else 0o644)
+        readable_by_all(tmp)
         if out_dir.is_dir() and any(out_dir.iterdir()):
             old = tmp.with_name(tmp.name + "-old")
             os.rename(out_dir, old)

@@ -13,12 +13,15 @@ from trd.models.errors import CheckpointError
 
 def safetensors_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (tensor entries and `__metadata__`)."""
-    with path.open("rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path}: truncated safetensors file (no header length)")
-        (length,) = struct.unpack("<Q", prefix)
-        raw = f.read(min(length, 1 << 30))
+    try:
+        with path.open("rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (no header length)")
+            (length,) = struct.unpack("<Q", prefix)
+            raw = f.read(min(length, 1 << 30))
+    except OSError as exc:  # unreadable by the user the daemon runs as, say
+        raise CheckpointError(f"{path}: cannot read it ({exc.strerror})") from None
     if len(raw) < length:
         raise CheckpointError(
             f"{path}: truncated safetensors header ({len(raw)} of {length} bytes present)"
