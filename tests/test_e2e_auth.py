@@ -2,9 +2,11 @@
 
 One daemon for the module: two keys from `--api-key-file` (a file with CRLF line ends and
 blank lines), one from $TRD_API_KEY, HTTPS with a certificate from a CA made here. The
-clients trust that CA only (the openai client through its httpx `http_client`). What an
-attacker would try is sent as raw headers: wrong keys, near misses, header tricks; none
-may pass, none may reach the log, and the refusals must not flood it.
+clients trust that CA only (the openai client through its httpx `http_client`): each key
+gets completions, streamed and not, and chat; a wrong key is the SDK's
+AuthenticationError. What an attacker would try is sent as raw headers: wrong keys, near
+misses, header tricks; none may pass, none may reach the log, and the refusals must not
+flood it.
 """
 
 from __future__ import annotations
@@ -196,8 +198,33 @@ def test_a_client_refused_many_times_is_logged_once_per_interval(daemon: Daemon)
     assert len(lines) - before <= 1, "\n".join(lines)  # a new minute may start in the burst
 
 
+@pytest.mark.parametrize("key", [*FILE_KEYS, ENV_KEY], ids=["file key 1", "file key 2", "env key"])
+def test_each_key_gets_completions_over_tls_through_the_sdk(daemon: Daemon, key: str) -> None:
+    api = client(daemon, key)
+    done = api.completions.create(model=daemon.model, prompt="def f(", max_tokens=4,
+                                  temperature=0)  # fmt: skip
+    assert done.usage is not None and done.usage.completion_tokens == 4
+    chunks = list(api.completions.create(model=daemon.model, prompt="def f(", max_tokens=4,
+                                         temperature=0, stream=True))  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
+    chat = api.chat.completions.create(model=daemon.model, max_tokens=3,
+                                       messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    assert chat.choices[0].finish_reason in ("length", "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_wrong_key_is_the_sdks_authentication_error(daemon: Daemon, stream: bool) -> None:
+    api = client(daemon, NEAR_MISSES[0])
+    with pytest.raises(openai.AuthenticationError) as refused:
+        api.completions.create(model=daemon.model, prompt="def f(", max_tokens=4, stream=stream)
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+
+
 def test_no_key_and_nothing_sent_reaches_the_log(daemon: Daemon) -> None:
-    """Last in the module: every key and every near miss above has been sent by now."""
+    """Every key and every near miss is sent here first (so no other test need come
+    before); none of them may be in the log."""
+    for key in [*FILE_KEYS, ENV_KEY, *NEAR_MISSES]:
+        assert send(daemon, "/v1/models", auth(f"Bearer {key}")).status_code in (200, 401)
     log = daemon.log()
     assert "refused" in log and "https://" in log
     for secret in [*FILE_KEYS, ENV_KEY, *[k for k in NEAR_MISSES if len(k) >= 8]]:
