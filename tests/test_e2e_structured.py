@@ -1,17 +1,19 @@
 """Structured outputs and tool calls through the real daemon, with the official openai client.
 
-Two engine processes on the tiny fixtures, handing each response back and forth (the
-scripted schedule). The fixtures write noise, so only the grammar makes their output
+Two float64 engine processes on the tiny fixtures, handing each response back and forth
+(the scripted schedule). The fixtures write noise, so only the grammar makes their output
 valid: a JSON schema (checked with jsonschema), a regex, a choice, a pydantic model
 through `chat.completions.parse`, and a tool-calling loop of three turns; streamed and
-not. Schemas the grammar library refuses are 400s naming the field.
+not. Greedy answers must also be the reference loop's tokens for the very body the
+client sent (its own grammar masks, sampling and routing): a parse, and the tool loop's
+free (auto) turn. Schemas the grammar library refuses are 400s naming the field.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,8 +23,16 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field
+from tokenizers import Tokenizer
 
-from daemon_fixture import Daemon, start_daemon, write_config
+from trd.frontend.openai_api import parse_chat
+from trd.frontend.tokens import PromptEncoder
+from trd.models.checkpoint import read_checkpoint
+from trd.policies.params import PolicySpec
+from trd.protocol import FinishReason
+from trd.testing.reference import ReferenceRouter, Trace
+
+from daemon_fixture import SCHEDULE, Daemon, start_daemon, write_config
 
 SCHEMA = {
     "type": "object",
@@ -55,6 +65,7 @@ TIME: dict[str, Any] = {"type": "function", "function": {"name": "get_time", "pa
     "additionalProperties": False}}}  # fmt: skip
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Describe a city as JSON."}]
 MAX = 96
+NAMES = ["small", "large"]
 
 
 class City(BaseModel):
@@ -69,14 +80,45 @@ def daemon(
 ) -> Iterator[Daemon]:
     tmp = tmp_path_factory.mktemp("e2e_structured")
     # The tools system prompt alone is ~400 fixture tokens.
-    d = start_daemon(write_config(tmp, tiny_models, ["small", "large"], max_model_len=2048))
+    config = write_config(tmp, tiny_models, NAMES, dtype="float64", max_model_len=2048)
+    d = start_daemon(config)
     yield d
     assert d.stop() == 0, d.log()
 
 
-def chat(daemon: Daemon, stream: bool, **kw: Any) -> tuple[str, list[Any], str]:
+class Recording:
+    """An openai client that keeps the JSON body of each request it sends, so the oracle
+    replays exactly what the daemon received."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        keep = lambda request: self.bodies.append(json.loads(request.content))  # noqa: E731
+        http = openai.DefaultHttpxClient(event_hooks={"request": [keep]}, timeout=60)
+        self.client = openai.OpenAI(base_url=f"{d.url}/v1", api_key="unused", max_retries=0,
+                                    http_client=http)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_models: dict[str, Path]) -> Callable[[dict[str, Any]], Trace]:
+    """The reference loop's trace for a chat body, read by the front end's own parser (its
+    prompt and grammar), routed by the daemon's policy."""
+    paths = [tiny_models[n] for n in NAMES]
+    ref = ReferenceRouter(paths, PolicySpec("scripted", {"schedule": SCHEDULE}))
+    encoder, vocab = PromptEncoder(paths[0]), read_checkpoint(paths[0]).vocab_limit
+
+    def run(body: dict[str, Any]) -> Trace:
+        gen = parse_chat(body, "+".join(NAMES), vocab)
+        assert gen.messages is not None and gen.max_tokens is not None
+        return ref.run(encoder.chat(gen.messages, gen.template), gen.params(gen.max_tokens))
+
+    return run
+
+
+def chat(
+    daemon: Daemon, stream: bool, client: openai.OpenAI | None = None, **kw: Any
+) -> tuple[str, list[Any], str]:
     """The content, tool calls and finish reason of one chat completion."""
-    client = daemon.client()
+    client = client or daemon.client()
     kw.setdefault("max_tokens", MAX)
     if not stream:
         out = client.chat.completions.create(model=daemon.model, **kw)
@@ -124,17 +166,27 @@ def test_regex_and_choice_on_completions(daemon: Daemon, stream: bool) -> None:
         assert re.fullmatch(pattern, text), (extra, text)
 
 
-def test_parse_with_a_pydantic_model(daemon: Daemon) -> None:
-    out = daemon.client().chat.completions.parse(
-        model=daemon.model, messages=ASK, response_format=City, max_tokens=MAX
-    )
+def test_parse_with_a_pydantic_model_gives_the_oracles_tokens(
+    daemon: Daemon, oracle: Callable[[dict[str, Any]], Trace]
+) -> None:
+    sent = Recording(daemon)
+    out = sent.client.chat.completions.parse(
+        model=daemon.model, messages=ASK, response_format=City, max_tokens=MAX, temperature=0,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
     city = out.choices[0].message.parsed
     assert isinstance(city, City) and city.size in ("small", "big")
+    want = oracle(sent.bodies[-1])
+    assert want.finish is FinishReason.STOP and out.choices[0].finish_reason == "stop"
+    assert (out.choices[0].model_extra or {})["token_ids"] == want.tokens
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_three_turn_tool_loop(daemon: Daemon, stream: bool) -> None:
+def test_a_three_turn_tool_loop(
+    daemon: Daemon, stream: bool, oracle: Callable[[dict[str, Any]], Trace], tokenizer_path: Path
+) -> None:
     """Call (named, then required), the tool's result, the answer (auto)."""
+    tokenizer = Tokenizer.from_file(str(tokenizer_path / "tokenizer.json"))
     messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice in (named, "required"):
@@ -159,9 +211,15 @@ def test_a_three_turn_tool_loop(daemon: Daemon, stream: bool) -> None:
         ],
     }
     messages += [assistant, {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'}]
+    sent = Recording(daemon)
     text, calls, finish = chat(daemon, stream, messages=messages, tools=[WEATHER, TIME],
-                               tool_choice="auto", max_tokens=8)  # fmt: skip
-    assert finish in ("stop", "length", "tool_calls") and (text or calls)
+                               tool_choice="auto", max_tokens=8, temperature=0,
+                               client=sent.client)  # fmt: skip
+    # The free turn: exactly the oracle's tokens for that body (the fixtures write noise,
+    # so it is text cut at max_tokens here), its finish OpenAI's name for the oracle's.
+    want = oracle(sent.bodies[-1])
+    assert want.finish is FinishReason.LENGTH and finish == "length" and not calls
+    assert text == tokenizer.decode(want.tokens, skip_special_tokens=True)
 
 
 def test_eval_structured_on_the_daemon(daemon: Daemon, tmp_path: Path) -> None:
