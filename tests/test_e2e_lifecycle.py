@@ -1,14 +1,18 @@
-"""The daemon's life: systemd notifications, an engine killed with SIGKILL, SIGTERM drain.
+"""The daemon's life: systemd notifications, either engine of the routed pair killed
+with SIGKILL mid-stream, a hung engine, SIGTERM drain.
 
-Every scenario is bounded in time: a request must end (complete or a clean error)
-and the process must exit within limits, leaving no shared-memory segment behind.
+One daemon serves the module; a test that ends it (SIGTERM) runs last, and if the order
+changes, the next test gets a new daemon (`daemon` restarts it). Each test counts the
+restarts it causes, not the module's. Every scenario is bounded in time: a request must
+end (complete or a clean error) and the process must exit within limits, leaving no
+shared-memory segment behind.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -20,7 +24,6 @@ from typing import Any
 
 import openai
 import pytest
-from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from trd.cli import request
@@ -28,7 +31,7 @@ from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.testing.reference import ReferenceRouter
 
-from daemon_fixture import SCHEDULE, Daemon, launch_daemon, shm_segments, start_daemon, write_config
+from daemon_fixture import SCHEDULE, Daemon, shm_segments, start_daemon, write_config
 
 STREAM: dict[str, Any] = {"temperature": 0, "stream": True, "extra_body": {"ignore_eos": True}}
 PROMPT = "def main("
@@ -98,24 +101,41 @@ def notify(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotifyListener]
     listener.close()
 
 
+class SharedDaemon:
+    """The module's daemon, started again if a test ended it."""
+
+    def __init__(self, config: Path, env: dict[str, str]) -> None:
+        self.config, self.env = config, env
+        self.current: Daemon | None = None
+
+    def get(self) -> Daemon:
+        if self.current is None or self.current.proc.poll() is not None:
+            self.current = start_daemon(self.config, self.env)
+        return self.current
+
+
 @pytest.fixture(scope="module")
-def daemon(
+def shared(
     tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path], notify: NotifyListener
-) -> Iterator[Daemon]:
+) -> Iterator[SharedDaemon]:
     tmp = tmp_path_factory.mktemp("e2e_lifecycle")
     extra = {
-        "restart": {"max_retries": 1, "backoff_s": 0.2},
+        "restart": {"max_retries": 4, "backoff_s": 0.2},  # each kill test restarts once
         "shutdown": {"grace_s": 0.5},  # long streams outlast it, short ones end within it
         "stall_timeout_s": 3,
         # Auto mode on, from thresholds no recommendation can keep (B = 3 at N = 1).
         "batching": {"thresholds": {"large": [3]}, "auto_interval_s": 1.0},
     }
-    d = start_daemon(
-        write_config(tmp, tiny_models, ["small", "large"], dtype="float64", **extra),
-        env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "400000"},
-    )
-    yield d
-    d.stop()
+    config = write_config(tmp, tiny_models, ["small", "large"], dtype="float64", **extra)
+    made = SharedDaemon(config, {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "400000"})
+    yield made
+    if made.current is not None:
+        made.current.stop()
+
+
+@pytest.fixture
+def daemon(shared: SharedDaemon) -> Daemon:
+    return shared.get()
 
 
 def stream_text(d: Daemon, max_tokens: int, started: threading.Barrier | None = None) -> str:
@@ -143,7 +163,9 @@ def test_systemd_hears_ready_status_and_watchdog(daemon: Daemon, notify: NotifyL
 
 def test_auto_mode_installs_the_recommended_thresholds(daemon: Daemon) -> None:
     assert stream_text(daemon, 24)  # traffic: live latencies and routes on both engines
-    deadline = time.monotonic() + 30
+    # The first decision solves the Markov model for N up to 16: 1-2 s of CPU, 14 s seen
+    # at a load average of 8 on 2 cores (30 s was missed twice there)
+    deadline = time.monotonic() + 120
     # Ticks before every engine has reported live latencies log "skipped"; wait for a decision.
     while time.monotonic() < deadline and "thresholds auto: {" not in daemon.log():
         time.sleep(0.2)
@@ -154,7 +176,7 @@ def test_auto_mode_installs_the_recommended_thresholds(daemon: Daemon) -> None:
 
 def test_a_hung_engine_fails_its_requests_after_the_stall_timeout(daemon: Daemon) -> None:
     """An engine that stops reporting (SIGSTOP: alive, silent) never leaves a client hanging."""
-    large = daemon.status()["engines"][1]
+    restarts, large = daemon.status()["restarts"], daemon.status()["engines"][1]
     started = threading.Barrier(2)
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(stream_text, daemon, 400, started)
@@ -166,20 +188,27 @@ def test_a_hung_engine_fails_its_requests_after_the_stall_timeout(daemon: Daemon
         finally:
             os.kill(large["pid"], signal.SIGCONT)
     assert stream_text(daemon, 8)  # the engine is back; the daemon serves on
-    assert daemon.status()["restarts"] == 0
+    assert daemon.status()["restarts"] == restarts  # stalled, not restarted
 
 
-def test_killed_engine_fails_its_requests_and_the_daemon_recovers(daemon: Daemon) -> None:
-    large = request(daemon.admin, "GET", "/status")["engines"][1]
+@pytest.mark.parametrize("victim", [0, 1], ids=["entry engine", "large engine"])
+def test_killed_engine_fails_its_requests_and_the_daemon_recovers(
+    daemon: Daemon, victim: int
+) -> None:
+    """SIGKILL to either engine of the pair while two streams run on both (the schedule
+    hands each request back and forth): both streams end with an error naming the engine,
+    the daemon restarts the pair and serves the oracle's text again."""
+    status = request(daemon.admin, "GET", "/status")
+    restarts, killed = status["restarts"], status["engines"][victim]
     started = threading.Barrier(3)
     probe = Prober(daemon)
     try:
         with ThreadPoolExecutor(2) as pool:
             running = [pool.submit(stream_text, daemon, 400, started) for _ in range(2)]
             started.wait(30)
-            os.kill(large["pid"], signal.SIGKILL)
+            os.kill(killed["pid"], signal.SIGKILL)
             for fut in running:
-                with pytest.raises(openai.APIError, match="died"):
+                with pytest.raises(openai.APIError, match=f"engine '{killed['name']}'.* died"):
                     fut.result(timeout=30)
         daemon.wait_ready(timeout=90)
     finally:
@@ -187,35 +216,42 @@ def test_killed_engine_fails_its_requests_and_the_daemon_recovers(daemon: Daemon
     # Not ready while the engines restart, and why; alive all along (no container restart).
     _, body = probe.first_not_ready()
     assert body["status"] == "restarting", body
-    assert body["reason"].startswith("restarting engines after: engine 'large'"), body
+    assert body["reason"].startswith(f"restarting engines after: engine '{killed['name']}'")
     assert {health for *_, health in probe.seen} == {200}
     status = request(daemon.admin, "GET", "/status")
-    assert status["restarts"] == 1
+    assert status["restarts"] == restarts + 1
     assert all(e["state"] == "ready" for e in status["engines"])
-    assert status["engines"][1]["pid"] != large["pid"]
-    assert stream_text(daemon, 8)
+    assert status["engines"][victim]["pid"] != killed["pid"]
+    assert stream_text(daemon, 8) == oracle_text(daemon.config, 8)
     # Only the new engine group's rings (and counters) exist.
     prefixes = {"-".join(n.split("-")[:3]) for n in shm_segments(daemon.proc.pid)}
     assert len(prefixes) == 1, prefixes
 
 
-def oracle_text(tiny_models: dict[str, Path], max_tokens: int) -> str:
-    """What the routing oracle makes of the streams' prompt (float64, the daemon's policy)."""
-    tok = AutoTokenizer.from_pretrained(tiny_models["small"])
+@functools.cache
+def _oracle(small: str, large: str, max_tokens: int) -> str:
+    tok = AutoTokenizer.from_pretrained(small)
     ref = ReferenceRouter(
-        [tiny_models["small"], tiny_models["large"]], PolicySpec("scripted", {"schedule": SCHEDULE})
+        [Path(small), Path(large)], PolicySpec("scripted", {"schedule": SCHEDULE})
     )
     trace = ref.run(tok.encode(PROMPT), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return str(tok.decode(trace.tokens, skip_special_tokens=True))
 
 
+def oracle_text(config: dict[str, Any], max_tokens: int) -> str:
+    """What the routing oracle makes of the streams' prompt (float64, the daemon's policy)."""
+    small, large = (m["path"] for m in config["models"])
+    return _oracle(small, large, max_tokens)
+
+
 def test_sigterm_during_8_streams_drains_and_exits_0(
-    daemon: Daemon, notify: NotifyListener, tiny_models: dict[str, Path]
+    daemon: Daemon, notify: NotifyListener
 ) -> None:
     """Streams that can end within the grace period end exactly as the oracle says; the
-    others get a "shutting down" error, never a cut text that looks complete."""
+    others get a "shutting down" error, never a cut text that looks complete. (It ends
+    the module's daemon: last in the module.)"""
     lengths = [8, 8, 8, 8, 480, 480, 480, 480]
-    expected = {n: oracle_text(tiny_models, n) for n in set(lengths)}
+    expected = {n: oracle_text(daemon.config, n) for n in set(lengths)}
     grace = daemon.config["shutdown"]["grace_s"]
     started = threading.Barrier(len(lengths) + 1)
 
@@ -265,80 +301,3 @@ def test_sigterm_during_8_streams_drains_and_exits_0(
     assert readies == sorted(readies, key=lambda r: r != 200)  # never ready again
     assert any("STOPPING=1" in m for m in notify.messages)
     assert shm_segments(daemon.proc.pid) == []
-
-
-def test_killed_engine_without_retries_exits_non_zero(
-    tmp_path: Path, tiny_models: dict[str, Path]
-) -> None:
-    d = start_daemon(write_config(tmp_path, tiny_models, ["small"], restart={"max_retries": 0}))
-    try:
-        pid = request(d.admin, "GET", "/status")["engines"][0]["pid"]
-        started = threading.Barrier(2)
-        with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(stream_text, d, 480, started)
-            started.wait(30)
-            os.kill(pid, signal.SIGKILL)
-            with pytest.raises(openai.APIError, match="died"):
-                running.result(timeout=30)
-        assert d.proc.wait(30) == 1
-        assert "giving up after 0 restart(s)" in d.log()
-        assert shm_segments(d.proc.pid) == []
-    finally:
-        d.stop()
-
-
-def test_engine_that_fails_to_start_is_named_with_its_last_log_lines(
-    tmp_path: Path, tiny_models: dict[str, Path]
-) -> None:
-    broken = tmp_path / "broken"
-    shutil.copytree(tiny_models["small"], broken)
-    weights = load_file(broken / "model.safetensors")
-    weights["model.norm.wrong"] = weights.pop("model.norm.weight")  # headers still plan fine
-    save_file(weights, broken / "model.safetensors")
-    config = write_config(tmp_path, {"broken": broken}, ["broken"])
-    d = launch_daemon(config)
-    assert d.proc.wait(120) == 1, d.log()
-    text = d.log()
-    error = text[text.index("engine 'broken' failed to start") :]
-    assert "missing: ['model.norm.weight']" in error
-    assert "last log lines of engine 'broken':" in error
-    assert "ERROR engine[broken] failed to start" in error.split("last log lines")[1]
-    assert shm_segments(d.proc.pid) == []
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def test_supervisor_killed_while_engines_start_leaves_no_process_or_segment(
-    tmp_path: Path, tiny_models: dict[str, Path]
-) -> None:
-    d = launch_daemon(write_config(tmp_path, tiny_models, ["small", "large"]))
-    deadline = time.monotonic() + 60
-    while len(kids := children(d.proc.pid)) < 3:  # two engines and the resource tracker
-        assert time.monotonic() < deadline and d.proc.poll() is None, d.log()
-        time.sleep(0.01)
-    assert "engines ready" not in d.log()  # still starting
-    d.proc.kill()
-    d.proc.wait(10)
-    deadline = time.monotonic() + 20
-    while any(alive(k) for k in kids) or shm_segments(d.proc.pid):
-        assert time.monotonic() < deadline, ([k for k in kids if alive(k)], d.log())
-        time.sleep(0.1)
