@@ -187,11 +187,11 @@ def test_the_daemon_serves_in_the_units_sandbox(
     socket is 0600 and the service user's (root may steer, another user may not), the
     segments are the service user's and go at the stop, a completion is served."""
     dirs = {name: tmp_path / name for name in ("runtime", "config", "cache")}
-    for d in dirs.values():
-        d.mkdir()
-        d.chmod(0o755)
-    for d in (dirs["runtime"], dirs["cache"]):
-        os.chown(d, SERVICE_UID, SERVICE_UID)  # systemd hands them to the dynamic user
+    for folder in dirs.values():
+        folder.mkdir()
+        folder.chmod(0o755)
+    for folder in (dirs["runtime"], dirs["cache"]):
+        os.chown(folder, SERVICE_UID, SERVICE_UID)  # systemd hands them to the dynamic user
     # The fixture cache may predate readable_by_all (its build ran as root, files 0600):
     # the service reads a copy beside its config (/tmp is private to it).
     shutil.copytree(tiny_models["small"], dirs["config"] / "small")
