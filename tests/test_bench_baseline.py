@@ -1,14 +1,17 @@
-"""`bench compare --plan baseline` (trd/bench/compare/baseline.py): its table, and a run of
-its smoke size on the fixture pair (slow tier: two daemons started one after another)."""
+"""`bench compare --plan baseline` (trd/bench/compare/baseline.py): its table, its systems'
+settings, one system measured for a request per commit, and a run of its smoke size on the
+fixture pair (slow tier: two daemons started one after another, about 120 s)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
-from trd.bench.compare.baseline import BASELINES, LLAMA, table
+from trd.bench import datasets
+from trd.bench.compare.baseline import BASELINES, LLAMA, BaselinePlan, run_system, systems, table
 from trd.bench.compare.cli import main
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
@@ -40,6 +43,30 @@ def test_the_baseline_plan_is_the_issues_table() -> None:
     assert (plan.routed, plan.alone) == (("none", "int8", "int4"), ("int8",))
     assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
                      "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
+
+
+def test_one_system_is_measured_at_each_n_of_its_plan(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The slow smoke run's guard: the systems are alike but for their models, and one of
+    them (the large model alone, the quicker start) is started and measured, warm-up aside."""
+    found = systems(BASELINES["baseline_smoke"], "tiny", CACHE_DIR)
+    assert list(found) == ["tokenrouterd_none", "std_large_none", "tokenrouterd_int8"]
+    (ours, _), (std, start) = found["tokenrouterd_none"], found["std_large_none"]
+    assert [m["name"] for m in std["models"]] == ["large"] and len(ours["models"]) == 2
+    assert {k: v for k, v in std.items() if k not in ("models", "policy")} == {
+        k: v for k, v in ours.items() if k not in ("models", "policy")
+    }
+    plan = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=(), alone=("none",))
+    server = start(tmp_path)
+    try:
+        runs = asyncio.run(run_system("std_large_none", server.url, plan, datasets.load(
+            "code", 1, 0, endpoint="chat")))  # fmt: skip
+    finally:
+        server.stop()
+    got = [(r["n"], r["summary"]["requests"], r["summary"]["output_tokens"],
+            r["summary"]["failed"]) for r in runs]  # fmt: skip
+    assert got == [(1, 1, 4, 0)]
 
 
 @pytest.mark.slow
