@@ -1,5 +1,31 @@
 """Shared fixtures: the tiny fixture models, built once into the repo's .cache/ folder.
 
+Two tiers. `pytest` (the README's command, what CI runs on every commit) runs everything
+but the tests marked `slow`; `pytest -m slow` runs those: each is a longer run of a
+behaviour the per-commit tier also checks, more cheaply:
+
+    slow tier                                    per-commit guard
+    demo pair: the 0.5B vs transformers in       test_demo_parts (join, verify), the
+      float64, the --demo daemon vs the loop,    real SmolLM2 vs transformers, the shaped
+      every policy at N=4 in float32             Qwen2 checkpoints, every policy on the
+                                                 fixtures vs the loop (routing_processes)
+    share control holds the share 30 s           the first move in force, kept over an
+                                                 engine restart; the lagged-plant loop
+    schema fuzz, 600 bodies                      the same fuzz, 50 bodies
+    guidellm's runs                              guidellm installed; the openai SDK's counts
+    the simulation grid                          its corner cases
+    routing at 4 in flight (processes,           the same at 1 and 16
+      grammars)
+    the GPU check's dry run                      its stages' parts
+    llama.cpp's tokenizer, live                  its recorded ids
+    bench compare's smoke run (~170 s)           the plans' jobs, the step costs
+                                                 (test_bench_workloads), the one client
+                                                 (test_bench_serve)
+    the baseline plan's smoke run (~120 s)       one of its systems measured at N=1
+    a request's share on nine prompts            the same on one prompt per share
+
+Hypothesis draws the same examples on every run (the derandomized profile below).
+
 The demo pair (tests marked `demo_pair`: Qwen2.5-Coder 0.5B + 1.5B, joined from the
 `demo` extra's GGUF parts and imported in bfloat16) takes a few minutes to import on a
 fresh checkout, so a run that collects such tests starts importing it at once in a niced
@@ -21,10 +47,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from hypothesis import settings
 
 from trd.testing.tinymodels.build import ensure_models
 
 import background
+from routing_cases import random_heads
 
 if TYPE_CHECKING:
     from trd.frontend.tokens import PromptEncoder
@@ -40,6 +68,11 @@ torch.set_num_threads(1)
 # The openai client logs every request at INFO: a failing load test's report held
 # thousands of such lines, and CI keeps only the log's tail, so the failure was not in it.
 logging.getLogger("httpx2").setLevel(logging.WARNING)
+# Hypothesis draws the same examples on every run: a fresh clone has no example database,
+# so a failure found at random would not replay. HYPOTHESIS_PROFILE=explore draws anew.
+settings.register_profile("derandomized", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 _build: subprocess.Popen[bytes] | None = None
 
 
@@ -105,3 +138,11 @@ def encoder(tiny_models: dict[str, Path]) -> PromptEncoder:
 def tokenizer_path(tiny_models: dict[str, Path]) -> Path:
     """A folder AutoTokenizer.from_pretrained loads the shared fixture tokenizer from."""
     return tiny_models["small"]
+
+
+@pytest.fixture(scope="session")
+def heads(
+    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
+) -> dict[str, Path]:
+    """{"citer", "r2r", "collm"}: seeded, untrained router heads for the fixtures' pair."""
+    return random_heads(tmp_path_factory.mktemp("heads"), tiny_models["small"])

@@ -11,6 +11,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from trd.engines.spec import EngineSpec
+from trd.policies.heads import save_random_head
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
 from trd.supervisor.group import EngineGroup
@@ -24,6 +25,43 @@ MODEL_SETS = {2: ("small", "large"), 3: ("small", "mid", "large")}
 # and " list" stands for </think>, so answers handed to the large model occur too.
 GLIMP = {"threshold": 2.8, "step_tokens": 6, "think_end": " list"}
 Job = tuple[list[int], SamplingParams]
+Case = tuple[str, dict[str, Any], int]  # policy, its parameters, how many models
+# The policies wired in one process (test_routing_inprocess, test_grammar_routing).
+INPROCESS_CASES: list[Case] = [
+    ("rstitch", {"threshold": 0.78}, 2),
+    ("scripted", {"schedule": [1, 0, 0, 1, 1, 0]}, 2),
+    ("ensemble", {"weights": [0.6, 0.4], "seed": 1}, 2),
+    ("rstitch", {"threshold": 0.78}, 3),
+    ("scripted", {"schedule": [2, 0, 1, 1, 0, 2, 2]}, 3),
+    ("ensemble", {"weights": [0.5, 0.2, 0.3], "seed": 3}, 3),
+    ("glimp", GLIMP, 2),
+]
+
+
+def random_heads(folder: Path, small: Path) -> dict[str, Path]:
+    """Seeded, untrained router heads for the learned gates on the fixtures' small model
+    (the `heads` fixture)."""
+    hidden = json.loads((small / "config.json").read_text())["hidden_size"]
+    return {
+        # citer reads the logits' features too (top 6 log-probabilities + 2 entropies)
+        "citer": save_random_head(folder / "citer.safetensors", "citer", hidden + 8, 32, 1, 6),
+        "r2r": save_random_head(folder / "r2r.safetensors", "r2r", 2 * hidden + 8, 32, 2, 8),
+        "collm": save_random_head(folder / "collm.safetensors", "collm", hidden, 0, 3),
+    }
+
+
+def process_cases(heads: dict[str, Path]) -> list[Case]:
+    """Every policy over engine processes (test_routing_processes), heads from `heads`."""
+    return [
+        ("rstitch", {"threshold": 0.78}, 2),
+        ("rstitch", {"threshold": 0.78}, 3),
+        ("citer", {"head": str(heads["citer"]), "threshold": 0.5}, 2),
+        ("r2r", {"head": str(heads["r2r"]), "threshold": 0.5}, 2),
+        ("collm", {"head": str(heads["collm"]), "threshold": 0.5}, 2),
+        ("glimp", GLIMP, 2),
+        ("ensemble", {"weights": [0.5, 0.2, 0.3], "seed": 3}, 3),
+        ("scripted", {"schedule": [2, 0, 1, 1, 0, 2, 2]}, 3),
+    ]
 
 
 def prompts(tokenizer_dir: Path, count: int) -> list[list[int]]:

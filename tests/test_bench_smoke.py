@@ -30,7 +30,7 @@ from trd.bench.compare.plan import PLANS
 from trd.bench.compare.plots import series_vs_n
 from trd.bench.compare.report import render
 from trd.bench.compare.runner import Bench
-from trd.bench.compare.stepcost import BATCHES, batching_bound, step_ms
+from trd.bench.compare.stepcost import BATCHES
 from trd.bench.compare.targets import FULL, Row, official_on, target_rows
 from trd.bench.identity import digest_ids, digest_output, identity
 from trd.policies.params import PolicySpec
@@ -52,8 +52,10 @@ def smoke_run(work: Path) -> tuple[list[str], dict[str, str]]:
     }
 
 
-# Run from the fixture models' build on, beside the other tests (tests/background.py).
-pytestmark = pytest.mark.background.with_args(smoke_run, after_models=True)
+# Run from the fixture models' build on, beside the other tests (tests/background.py). The
+# slow tier: about 170 s of a core. Per commit, test_bench_workloads checks the plans' jobs
+# and the step costs, test_bench_serve the one client, test_bench_baseline one system's run.
+pytestmark = [pytest.mark.slow, pytest.mark.background.with_args(smoke_run, after_models=True)]
 
 
 @pytest.fixture(scope="module")
@@ -271,25 +273,6 @@ def test_the_batching_bound_counts_the_runs_batches_at_calibrated_costs(result: 
         assert b["fraction"] == pytest.approx(b["bound_s"] / run["duration_s"])
 
 
-def test_the_batching_bound_is_the_cost_of_each_step() -> None:
-    points = [[1, 10.0], [2, 12.0], [4, 16.0]]
-    assert [step_ms(points, f) for f in (1, 3, 6)] == [10.0, 14.0, 20.0]  # 6: extended
-    costs = {"m": {"decode_ms": points[:2], "prefill_ms": points[2]}}
-    fed = [9, 1, 3, 6]  # tokens fed by the run's steps: the last three
-    # A noisy calibration (the prefill measured below the widest decode) is made
-    # monotone: never a negative cost beyond it, never less for more tokens.
-    dip = [[1, 10.0], [16, 30.0], [64, 25.0]]
-    assert [step_ms(dip, f) for f in (16, 40, 64, 500)] == [30.0, 30.0, 30.0, 30.0]
-    before = {"m": {"steps": 7, "rows": 20, "tokens_fed": 30}}
-    after = {"m": {"steps": 10, "rows": 30, "tokens_fed": 50, "window": {"fed": fed}}}
-    b = batching_bound(before, after, costs, wall=0.1, kind="parallel")
-    assert b["models"]["m"]["need_s"] == pytest.approx(0.044)  # 10 + 14 + 20 ms
-    assert b["fraction"] == pytest.approx(0.44)
-    before["m"]["steps"] = 4  # 6 steps, 4 in the window: scaled from the window's steps
-    b = batching_bound(before, after, costs, wall=0.1, kind="parallel")
-    assert b["models"]["m"]["need_s"] == pytest.approx(1e-3 * (26 + 10 + 14 + 20) * 6 / 4)
-
-
 def test_a_batching_bound_above_the_run_or_unmet_is_judged(result: Data) -> None:
     top = max(PLANS["smoke"].ns)
     judged = copy.deepcopy(result)
@@ -319,16 +302,3 @@ def test_single_user_is_compared_with_the_loop_on_its_own_prompts(result: Data) 
     for r in run_of(fast, "official", "short", 1)["records"]:
         r["latency_s"] = 1e-6
     assert rows_of(fast)[name].verdict == "missed"
-
-
-def test_the_pair_plan_serves_only_the_short_workload(tiny_models: dict[str, Path]) -> None:
-    plan = PLANS["pair"]
-    bench = Bench(plan, load_pair("tiny", CACHE_DIR), 0.5, Path("."))
-    assert [(w.name, n) for w, n in bench.reference_jobs()] == [("short", 16)]
-    assert plan.long == 0 and not plan.forced_delay and plan.ns == (1, 4, 16)
-    # pair_long: the output lengths at N=4, the loop on those 4 prompts of each workload
-    long = Bench(PLANS["pair_long"], load_pair("tiny", CACHE_DIR), 0.5, Path("."))
-    assert [(w.name, n) for w, n in long.reference_jobs()] == [("short", 4), ("long@1024", 4)]
-    long16 = Bench(PLANS["pair_long16"], load_pair("tiny", CACHE_DIR), 0.5, Path("."))
-    jobs = [(w.name, n) for w, n in long16.reference_jobs()]
-    assert jobs == [("short", 16), ("long@1024", 16)] and not PLANS["pair_long16"].std_systems

@@ -33,7 +33,7 @@ from daemon_fixture import REPO_ROOT, Daemon, wait_serving
 CACHE_DIR = REPO_ROOT / ".cache"
 # The first test of a fresh checkout waits for the pair's import, which conftest.py starts
 # when the run begins (2-4 minutes beside the other tests on 2 cores).
-pytestmark = [pytest.mark.timeout(1800), pytest.mark.demo_pair]
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.demo_pair, pytest.mark.slow]
 FRANCE = "What is the capital of France?"
 FIBONACCI = (
     "Write a Python function fib(n) that returns the n-th Fibonacci number, with fib(0) = 0"

@@ -67,6 +67,7 @@ def test_the_bench_mode_runs_the_gpu_plan_and_stops_without_a_device(tmp_path: P
     assert result["kind"] == "bench compare" and result["plan_name"] == "gpu"
 
 
+@pytest.mark.slow  # up to 15 minutes of both cores; the stages' parts are tested below
 @pytest.mark.background.with_args(dry_run)
 def test_the_dry_run_walks_every_stage_to_a_pass(finished: Finished) -> None:
     """Every stage's code on the CPU: a Python error anywhere fails its stage and the run.

@@ -21,16 +21,15 @@ from trd.testing.reference import ReferenceRouter
 from trd.testing.wiring import assert_matches
 
 from grammar_cases import assert_valid, constrained_jobs
-from routing_cases import MODEL_SETS, reference, wired
-from test_routing_inprocess import CASES
-from test_routing_processes import cases as head_cases
-from test_routing_processes import heads  # noqa: F401  (the fixture: random router heads)
+from routing_cases import INPROCESS_CASES, MODEL_SETS, process_cases, reference, wired
 
-CONCURRENCY = [1, 4, 16]
+CONCURRENCY = [1, pytest.param(4, marks=pytest.mark.slow), 16]  # 4: the slow tier
 
 
 @pytest.mark.parametrize("n", CONCURRENCY)
-@pytest.mark.parametrize("policy,params,n_models", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize(
+    "policy,params,n_models", INPROCESS_CASES, ids=[f"{c[0]}-{c[2]}" for c in INPROCESS_CASES]
+)
 def test_constrained_routing_matches_the_reference(
     tiny_models: dict[str, Path], policy: str, params: dict, n_models: int, n: int
 ) -> None:
@@ -52,12 +51,11 @@ GATED = ["citer", "r2r", "collm"]
 @pytest.mark.parametrize("n", [1, 16])
 @pytest.mark.parametrize("policy", GATED)
 def test_gated_constrained_routing_matches_the_reference(
-    tiny_models: dict[str, Path], request: pytest.FixtureRequest, policy: str, n: int
+    tiny_models: dict[str, Path], heads: dict[str, Path], policy: str, n: int
 ) -> None:
     """The router heads read masked logits too (citer's and r2r's top log-probabilities,
     where a grammar forbids most tokens)."""
-    files = request.getfixturevalue("heads")  # the imported fixture
-    params = next(p for name, p, _ in head_cases(files) if name == policy)
+    params = next(p for name, p, _ in process_cases(heads) if name == policy)
     paths = [tiny_models[m] for m in MODEL_SETS[2]]
     work = [job for job, _ in constrained_jobs(paths[0])]
     expected = reference(paths, policy, params, work)[:n]

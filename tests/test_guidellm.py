@@ -4,8 +4,9 @@ Streaming completions and non-streaming chat, four requests at a time: every req
 must succeed, and the token counts guidellm records must be the true ones: the prompt
 as the fixture tokenizer counts the exact text guidellm sent, the output exactly the
 max_tokens it asked for (guidellm sends ignore_eos), and the sums what the daemon's own
-counters added up. Skipped where guidellm is not installed (it is not in the dev
-extras: `pip install guidellm` adds pandas, pyarrow, datasets and sanic).
+counters added up. guidellm is in the dev extras: a missing install fails here, it
+does not skip. The guidellm runs are the slow tier (`pytest -m slow`); per commit, the
+openai client's end-to-end tests check the same token counts (test_e2e_openai.py).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from transformers import AutoTokenizer
 
 from daemon_fixture import Daemon, start_daemon, write_config
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("guidellm") is None,
-    reason="guidellm is not installed (pip install guidellm; not in the dev extras)",
-)
+
+def test_guidellm_is_installed() -> None:
+    """A dev install has it (pyproject's dev extra): the slow tier's runs cannot skip."""
+    assert importlib.util.find_spec("guidellm") is not None, "pip install -e '.[dev]'"
+
 
 REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 12, 32, 16
 
@@ -89,6 +91,7 @@ def expected_prompt_tokens(tok: Any, body: dict[str, Any]) -> int:
     return len(ids["input_ids"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("endpoint", "stream"), [("/v1/completions", True), ("/v1/chat/completions", False)]
 )

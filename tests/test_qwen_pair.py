@@ -25,7 +25,7 @@ from trd.protocol import SamplingParams
 from hf_compare import engine_runs, hf_greedy, hf_logits, load_hf
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
-pytestmark = [pytest.mark.timeout(1800), pytest.mark.demo_pair]
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.demo_pair, pytest.mark.slow]
 QUESTIONS = [
     "Write a Python function that returns the n-th Fibonacci number.",
     "What is the capital of France?",

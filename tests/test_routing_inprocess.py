@@ -26,7 +26,7 @@ from trd.testing.tinymodels.tokenizer import VOCAB_SIZE
 from trd.testing.wiring import Wiring, assert_matches
 
 from routing_cases import (
-    GLIMP,
+    INPROCESS_CASES,
     MODEL_SETS,
     jobs,
     prompts,
@@ -36,18 +36,10 @@ from routing_cases import (
     wired,
 )
 
-CASES = [
-    ("rstitch", {"threshold": 0.78}, 2),
-    ("scripted", {"schedule": [1, 0, 0, 1, 1, 0]}, 2),
-    ("ensemble", {"weights": [0.6, 0.4], "seed": 1}, 2),
-    ("rstitch", {"threshold": 0.78}, 3),
-    ("scripted", {"schedule": [2, 0, 1, 1, 0, 2, 2]}, 3),
-    ("ensemble", {"weights": [0.5, 0.2, 0.3], "seed": 3}, 3),
-    ("glimp", GLIMP, 2),
-]
+CASE_IDS = [f"{c[0]}-{c[2]}" for c in INPROCESS_CASES]
 
 
-@pytest.mark.parametrize("policy,params,n_models", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize("policy,params,n_models", INPROCESS_CASES, ids=CASE_IDS)
 def test_interleavings_match_the_reference(
     tiny_models: dict[str, Path], policy: str, params: dict, n_models: int
 ) -> None:
@@ -61,7 +53,7 @@ def test_interleavings_match_the_reference(
     assert sum(g.duplicates for g in wiring.tracked.values()) > 0  # Emits came twice, ignored
 
 
-@pytest.mark.parametrize("policy,params,n_models", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize("policy,params,n_models", INPROCESS_CASES, ids=CASE_IDS)
 def test_shared_prefixes_come_from_the_cache_and_match_the_reference(
     tiny_models: dict[str, Path], policy: str, params: dict, n_models: int
 ) -> None:
@@ -163,7 +155,7 @@ def test_padded_vocabularies_route_exactly_and_never_emit_padding(
     assert {(0, 1), (1, 0)} <= switches  # handoffs both ways
 
 
-@pytest.mark.parametrize("policy,params,n_models", CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize("policy,params,n_models", INPROCESS_CASES, ids=CASE_IDS)
 def test_prefill_ahead_matches_the_reference(
     tiny_models: dict[str, Path], policy: str, params: dict, n_models: int
 ) -> None:

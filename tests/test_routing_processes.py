@@ -1,10 +1,10 @@
 """Engine processes over shared-memory rings against the reference loop (float64).
 
-32 requests, outputs of 16 to 256 tokens, run at concurrency 1, 4 and 16 for every
-policy, with each engine's prefix cache on (the runs at 4 and 16 find the prompts of the
-run at 1 cached); committed tokens and the producing model of each token must equal the
-reference loop's, and every model must have fed or taken from its cache each token of
-its sequences exactly once.
+32 requests, outputs of 16 to 256 tokens, run at concurrency 1 then 16 for every policy
+(the slow tier: 1 then 4), with each engine's prefix cache on (the later run finds the
+prompts of the run at 1 cached); committed tokens and the producing model of each token
+must equal the reference loop's, and every model must have fed or taken from its cache
+each token of its sequences exactly once.
 """
 
 from __future__ import annotations
@@ -14,66 +14,45 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from trd.bench.engines import run_closed_loop
 from trd.models.checkpoint import CheckpointError
-from trd.policies.heads import save_random_head
 from trd.protocol import FinishReason, SamplingParams
 from trd.supervisor.group import EngineGroup, EngineStartError
 from trd.testing.wiring import check_fed
 
-from routing_cases import GLIMP, MODEL_SETS, cache_hits, fresh_stats, jobs, reference, specs
+from routing_cases import (
+    MODEL_SETS,
+    cache_hits,
+    fresh_stats,
+    jobs,
+    process_cases,
+    reference,
+    specs,
+)
 
 
 def shm_segments(prefix: str) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
 
 
-@pytest.fixture(scope="module")
-def heads(
-    tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]
-) -> dict[str, Path]:
-    import json
-
-    hidden = json.loads((tiny_models["small"] / "config.json").read_text())["hidden_size"]
-    out = tmp_path_factory.mktemp("heads")
-    return {
-        # citer reads the logits' features too (top 6 log-probabilities + 2 entropies)
-        "citer": save_random_head(
-            out / "citer.safetensors", "citer", hidden + 8, 32, seed=1, top_k=6
-        ),
-        "r2r": save_random_head(
-            out / "r2r.safetensors", "r2r", 2 * hidden + 8, 32, seed=2, top_k=8
-        ),
-        "collm": save_random_head(out / "collm.safetensors", "collm", hidden, 0, seed=3),
-    }
-
-
-def cases(heads: dict[str, Path]) -> list[tuple[str, dict[str, Any], int]]:
-    return [
-        ("rstitch", {"threshold": 0.78}, 2),
-        ("rstitch", {"threshold": 0.78}, 3),
-        ("citer", {"head": str(heads["citer"]), "threshold": 0.5}, 2),
-        ("r2r", {"head": str(heads["r2r"]), "threshold": 0.5}, 2),
-        ("collm", {"head": str(heads["collm"]), "threshold": 0.5}, 2),
-        ("glimp", GLIMP, 2),
-        ("ensemble", {"weights": [0.5, 0.2, 0.3], "seed": 3}, 3),
-        ("scripted", {"schedule": [2, 0, 1, 1, 0, 2, 2]}, 3),
-    ]
-
-
 # Two-model ensemble and scripted runs are covered in-process (test_routing_inprocess).
 CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "glimp", "ensemble-3", "scripted-3"]
 
 
+# Per commit at 1 and 16 requests in flight; the slow tier adds 4.
+CONCURRENCIES = [pytest.param((1, 16), id="c1+16"),
+                 pytest.param((1, 4), id="c1+4", marks=pytest.mark.slow)]  # fmt: skip
+
+
+@pytest.mark.parametrize("concurrencies", CONCURRENCIES)
 @pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)
 def test_engines_equal_the_reference_at_every_concurrency(
-    tiny_models: dict[str, Path], heads: dict[str, Path], case: int
+    tiny_models: dict[str, Path], heads: dict[str, Path], case: int, concurrencies: tuple[int, ...]
 ) -> None:
-    policy, params, n_models = cases(heads)[case]
+    policy, params, n_models = process_cases(heads)[case]
     paths = [tiny_models[n] for n in MODEL_SETS[n_models]]
     work = jobs(paths[0])
     expected = reference(paths, policy, params, work)
@@ -83,7 +62,7 @@ def test_engines_equal_the_reference_at_every_concurrency(
     group.start()
     try:
         before = cache_hits(group, n_models)
-        for concurrency in (1, 4, 16):
+        for concurrency in concurrencies:
             results = run_closed_loop(group, work, concurrency)
             for i, (got, want) in enumerate(zip(results, expected, strict=True)):
                 assert got.error == "", got.error
