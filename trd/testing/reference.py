@@ -13,6 +13,7 @@ tokens it has not seen.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -91,12 +92,19 @@ class ReferenceRouter:
         quantization: str = "none",
     ) -> None:
         self.device, self.kv_cache = torch.device(device), kv_cache
+        self.paths = [Path(p) for p in paths]
         self.models = [_load(p, getattr(torch, dtype), device, quantization) for p in paths]
         entry = read_checkpoint(Path(paths[0]))
         self.eos = entry.config.eos_token_ids
         self.vocab = entry.vocab_limit  # as the engines: padding rows are never sampled
         self.tokenizer_json = Path(paths[0]) / "tokenizer.json"
         self.rule = make_rule(policy, paths, self.models[0].get_input_embeddings())
+
+    def with_policy(self, policy: PolicySpec) -> ReferenceRouter:
+        """The same models routed by another policy (loaded once for several)."""
+        other = copy.copy(self)
+        other.rule = make_rule(policy, self.paths, self.models[0].get_input_embeddings())
+        return other
 
     @torch.inference_mode()
     def run(self, prompt: Sequence[int], params: SamplingParams) -> Trace:
