@@ -27,15 +27,14 @@ MIB = 1 << 20
 
 def mapping(address: int) -> tuple[int, int, str]:
     """Size and resident bytes of the mapping holding `address`, and what it maps."""
-    found = None
+    found: tuple[int, str] | None = None  # the mapping's size and name
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()
         if head and "-" in head[0] and ":" not in head[0]:
             start, end = (int(x, 16) for x in head[0].split("-"))
-            found = [end - start, 0, head[-1]] if start <= address < end else None
+            found = (end - start, head[-1]) if start <= address < end else None
         elif found is not None and line.startswith("Rss:"):
-            found[1] = int(head[1]) * 1024
-            return found[0], found[1], found[2]
+            return found[0], int(head[1]) * 1024, found[1]
     raise AssertionError(f"no mapping holds {address:#x}")
 
 

@@ -194,7 +194,7 @@ def _quantised_copy(src: Path, out: Path, mode: str) -> Path:
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(src, out)
-    tensors = {}
+    tensors: dict[str, torch.Tensor] = {}
     for name, t in load_file(src / "model.safetensors").items():
         layer = name.removesuffix(".weight")
         if t.dim() == 2 and name.endswith(".weight"):
