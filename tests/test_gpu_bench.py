@@ -31,6 +31,7 @@ def dry_run(work: Path) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, *argv, str(out)], {}
 
 
+@pytest.mark.slow  # 3-5 minutes of both cores; per commit: the two tests below
 @pytest.mark.background.with_args(dry_run, after_models=True)
 def test_the_dry_run_passes_every_stage_with_every_system_as_designed(
     tiny_models: dict[str, Path], finished: Finished
