@@ -39,8 +39,8 @@ def test_the_table_says_which_answers_kept_their_text_across_n() -> None:
 
 def test_the_baseline_plan_is_the_issues_table() -> None:
     plan = BASELINES["baseline"]
-    assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 128, True)
-    assert (plan.routed, plan.alone) == (("none", "int8", "int4"), ("int8",))
+    assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 256, True)
+    assert (plan.routed, plan.alone) == (("int8",), ("int8",))
     assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
                      "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
 

@@ -6,7 +6,8 @@ would compare them, on the same code prompts through the same client.
     llama_server_large+draft_small  llama-server, the 1.5B with the 0.5B as draft (-md)
     tokenrouterd_Q                  our daemon with the demo's config (`--demo
                                     --quantization Q`'s: R-Stitch at the demo's threshold),
-                                    for each Q of the plan (none: bfloat16 weights)
+                                    for each Q of the plan (none: bfloat16 weights;
+                                    baseline: the demo's int8)
     std_large_Q                     standard serving of the 1.5B in our engine: the daemon
                                     with the 1.5B alone, the same settings
 
@@ -49,8 +50,9 @@ class BaselinePlan:
 
 
 BASELINES = {
-    # issue 50's table: 16 code prompts, 128 tokens; about 30 minutes on 2 cores
-    "baseline": BaselinePlan((1, 16), 16, 128, True, ("none", "int8", "int4"), ("int8",)),
+    # 16 code prompts, 256 tokens: the demo's default weights; about 35 minutes on 2 cores
+    # (`tokenrouterd bench step` compares bfloat16, int8 and int4 step by step)
+    "baseline": BaselinePlan((1, 16), 16, 256, True, ("int8",), ("int8",)),
     "baseline_smoke": BaselinePlan((1, 2), 2, 8, False, ("none", "int8"), ("none",)),
 }
 LLAMA = {
