@@ -27,11 +27,12 @@ behaviour the per-commit tier also checks, more cheaply:
 Hypothesis draws the same examples on every run (the derandomized profile below).
 
 The demo pair (tests marked `demo_pair`: Qwen2.5-Coder 0.5B + 1.5B, joined from the
-`demo` extra's GGUF parts and imported in bfloat16) takes a few minutes to import on a
-fresh checkout, so a run that collects such tests starts importing it at once in a niced
-background process and runs those tests last: the import uses the core the other tests
-leave idle, and `ensure_demo_pair` in their fixtures waits on each model's lock until it
-is done (or imports in the foreground, with its real error, if the background one failed).
+`demo` extra's GGUF parts and imported in bfloat16, and in the int8 that `--demo` serves)
+takes a few minutes to import on a fresh checkout, so a run that collects such tests
+starts importing it at once in a niced background process and runs those tests last:
+the import uses the core the other tests leave idle, and `ensure_demo_pair` in their
+fixtures waits on each model's lock until it is done (or imports in the foreground, with
+its real error, if the background one failed).
 Commands that tests only read the result of (mypy, the GPU check's dry run, the
 benchmark scripts' short runs) start early the same way: tests/background.py.
 """
@@ -94,7 +95,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # it left its temp folder with a 721 MB partial GGUF in the cache.
     code = (
         "import signal, sys; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
-        f"import trd.demo.pair as p; p.ensure_demo_pair('qwen', {str(CACHE_DIR)!r})"
+        f"import trd.demo.pair as p; p.ensure_demo_pair('qwen', {str(CACHE_DIR)!r}); "
+        f"p.ensure_demo_pair('qwen', {str(CACHE_DIR)!r}, p.DEMO_QUANTIZATION['qwen'])"
     )
     CACHE_DIR.mkdir(exist_ok=True)
     with (CACHE_DIR / "demo-pair-build.log").open("wb") as log:

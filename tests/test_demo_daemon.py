@@ -1,5 +1,5 @@
 """`tokenrouterd --demo`, as the README's first command runs it: the Qwen2.5-Coder pair
-(0.5B small, 1.5B large, bfloat16, R-Stitch), asked through the openai client.
+(0.5B small, 1.5B large, int8 weights, R-Stitch), asked through the openai client.
 
 The pair is imported into the test cache once per CI run (the `ensure_demo_pair` the
 daemon itself calls, started in the background by conftest.py), so the daemon starts
@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoTokenizer
 
 from trd.bench.server import launch
-from trd.demo.pair import DemoPair, ensure_demo_pair
+from trd.demo.pair import DEMO_QUANTIZATION, DemoPair, ensure_demo_pair
 from trd.frontend.tokens import PromptEncoder
 from trd.policies.params import PolicySpec
 from trd.protocol import SamplingParams
@@ -48,7 +48,7 @@ CHECK_FIB = "\nassert [fib(n) for n in range(12)] == [0, 1, 1, 2, 3, 5, 8, 13, 2
 
 @pytest.fixture(scope="module")
 def pair() -> DemoPair:
-    return ensure_demo_pair("qwen", CACHE_DIR)
+    return ensure_demo_pair("qwen", CACHE_DIR, DEMO_QUANTIZATION["qwen"])  # what --demo serves
 
 
 @pytest.fixture(scope="module")

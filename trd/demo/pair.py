@@ -31,6 +31,10 @@ RSTITCH_TAU = {"qwen": 0.1, "tiny": 0.82}
 MAX_MODEL_LEN = {"qwen": 4096, "tiny": 1024}
 # The served dtype: the Qwen pair is stored in bfloat16; the fixtures' tests are float32.
 DTYPE = {"qwen": "bfloat16", "tiny": "float32"}
+# The weights `tokenrouterd --demo` serves unless --quantization says otherwise: the Qwen
+# pair in int8 (its logits closest to the bfloat16 import's, at a fraction of the step
+# cost: docs/quantization.md); the fixtures as built.
+DEMO_QUANTIZATION = {"qwen": "int8", "tiny": "none"}
 
 
 @dataclass(frozen=True, slots=True)
