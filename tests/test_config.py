@@ -18,7 +18,7 @@ from trd.config import Address, Config, ConfigError, from_dict, load_config
 from trd.config_reader import Section
 from trd.daemon import EXIT_CONFIG
 from trd.daemon import main as daemon_main
-from trd.demo.pair import MAX_MODEL_LEN, RSTITCH_TAU, ensure_demo_pair
+from trd.demo.pair import DEMO_QUANTIZATION, MAX_MODEL_LEN, RSTITCH_TAU, ensure_demo_pair
 from trd.memplan.plan import PlanError
 from trd.supervisor.deployment import plan_deployment, resolve_device
 
@@ -216,6 +216,20 @@ def test_demo_large_share_is_checked(capsys: pytest.CaptureFixture[str]) -> None
         daemon_main(["--config", "x.yaml", "--large-share", "0.5"])
     assert exc.value.code == 2
     assert "--large-share goes with --demo" in capsys.readouterr().err
+
+
+def test_demo_weights_default_per_pair_and_quantization_goes_with_demo(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert DEMO_QUANTIZATION == {"qwen": "int8", "tiny": "none"}  # --demo's default
+    assert daemon_main(["--demo", "tiny", "--check"]) == 0
+    assert "quantization" not in capsys.readouterr().out  # the fixtures as built
+    assert daemon_main(["--demo", "tiny", "--quantization", "int8", "--check"]) == 0
+    assert "model 'small' quantization int8" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        daemon_main(["--config", "x.yaml", "--quantization", "int8"])
+    assert exc.value.code == 2
+    assert "--quantization goes with --demo" in capsys.readouterr().err
 
 
 def test_plan_caps_cpu_kv_and_sizes_every_engine(raw: dict[str, Any]) -> None:
