@@ -236,7 +236,7 @@ def test_trctl_status_shows_the_remote_engine_and_its_stats(
     assert large["kv_pages_total"] > 0 and large["tokens_committed"] >= 12
     text = format_status(daemon.status())
     assert re.search(rf"1\s+large\s+{re.escape(remote.address)}\s+\d+\s+cpu\s+float64\s+"
-                     "connected", text), text  # fmt: skip
+                     r"none\s+\S+\s+connected", text), text  # then quant, weights  # fmt: skip
 
 
 def test_foreign_connections_are_refused_logged_and_leave_the_link_alone(
