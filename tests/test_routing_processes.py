@@ -1,10 +1,10 @@
 """Engine processes over shared-memory rings against the reference loop (float64).
 
-32 requests, outputs of 16 to 256 tokens, run at concurrency 1 then 16 for every policy
-(the slow tier: 1 then 4), with each engine's prefix cache on (the later run finds the
-prompts of the run at 1 cached); committed tokens and the producing model of each token
-must equal the reference loop's, and every model must have fed or taken from its cache
-each token of its sequences exactly once.
+16 requests (the slow tier: 32), outputs of 16 to 256 tokens, run at concurrency 1 then
+16 for every policy (the slow tier: 1 then 4), with each engine's prefix cache on (the
+later run finds the prompts of the run at 1 cached); committed tokens and the producing
+model of each token must equal the reference loop's, and every model must have fed or
+taken from its cache each token of its sequences exactly once.
 """
 
 from __future__ import annotations
@@ -42,19 +42,21 @@ def shm_segments(prefix: str) -> list[str]:
 CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "glimp", "ensemble-3", "scripted-3"]
 
 
-# Per commit at 1 and 16 requests in flight; the slow tier adds 4.
-CONCURRENCIES = [pytest.param((1, 16), id="c1+16"),
-                 pytest.param((1, 4), id="c1+4", marks=pytest.mark.slow)]  # fmt: skip
+# Per commit 16 requests at 1 and 16 in flight; the slow tier 32 at 1 and 4.
+CONCURRENCIES = [pytest.param(((1, 16), 16), id="c1+16"),
+                 pytest.param(((1, 4), 32), id="c1+4", marks=pytest.mark.slow)]  # fmt: skip
 
 
 @pytest.mark.parametrize("concurrencies", CONCURRENCIES)
 @pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)
 def test_engines_equal_the_reference_at_every_concurrency(
-    tiny_models: dict[str, Path], heads: dict[str, Path], case: int, concurrencies: tuple[int, ...]
-) -> None:
+    tiny_models: dict[str, Path], heads: dict[str, Path], case: int,
+    concurrencies: tuple[tuple[int, ...], int],
+) -> None:  # fmt: skip
     policy, params, n_models = process_cases(heads)[case]
     paths = [tiny_models[n] for n in MODEL_SETS[n_models]]
-    work = jobs(paths[0])
+    levels, count = concurrencies
+    work = jobs(paths[0], count)
     expected = reference(paths, policy, params, work)
     produced = {m for t in expected for m in t.models}
     assert len(produced) == n_models, f"workload must exercise every model, got {produced}"
@@ -62,7 +64,7 @@ def test_engines_equal_the_reference_at_every_concurrency(
     group.start()
     try:
         before = cache_hits(group, n_models)
-        for concurrency in concurrencies:
+        for concurrency in levels:
             results = run_closed_loop(group, work, concurrency)
             for i, (got, want) in enumerate(zip(results, expected, strict=True)):
                 assert got.error == "", got.error
