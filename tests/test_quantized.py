@@ -139,8 +139,8 @@ def large(tiny_models: dict[str, Path]) -> Path:
 
 
 def _prefill_logits(path: Path, dtype: str, quantization: str, ids: list[int]) -> torch.Tensor:
-    spec = EngineSpec.of(path, kv_tokens=256, dtype=dtype, quantization=quantization,
-                         quant_dense_from=0)  # the kernel at every row count  # fmt: skip
+    spec = EngineSpec.of(path, kv_tokens=256, dtype=dtype, quantization=quantization)
+    assert spec.settings.quant_dense_from == 0  # the default: the kernel at every row count
     runner = ModelRunner(spec)
     assert quantization == "none" or set(runner.crossover.values()) == {None}
     n = len(ids)

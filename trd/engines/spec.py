@@ -96,8 +96,9 @@ class EngineSettings:
     attention: str = setting("auto", "attention backend: flashinfer on CUDA, torch on CPU",
                              choices=ATTENTION_BACKENDS)  # fmt: skip
     quant_dense_from: int | None = setting(
-        None, "quantised models on CPU: the rows from which a linear runs dense, not the "
-        "int8 kernel (auto: measured at engine start; 0: never)", low=0, auto=True,
+        0, "quantised models on CPU: the rows from which a linear runs dense, not the "
+        "int8 kernel (0, the default: never, so a request's tokens do not depend on what "
+        "it is batched with; auto: measured at engine start)", low=0, auto=True,
     )  # fmt: skip
     prefix_cache: bool = setting(True, "keep full KV pages after a request and reuse them "
                                  "for any request with the same prefix")  # fmt: skip
