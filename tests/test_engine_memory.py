@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from trd.engines.memory import heap, resident
+from trd.engines.memory import Trimmer, heap, resident
 from trd.grammar.compile import Grammars, grammar_for
 from trd.ipc.eventfd import EventFd
 from trd.ipc.ring import Ring
@@ -52,6 +52,26 @@ def test_heap_counts_what_is_allocated_and_freed() -> None:
     del blocks
     assert 15 * MIB < grown < 20 * MIB
     assert heap()["heap_in_use_bytes"] - before < MIB
+
+
+def test_trimmer_gives_a_fragmented_heap_back_only_when_due() -> None:
+    """Blocks freed between blocks still held stay resident (free() returns only an
+    arena's top); a due Trimmer gives their pages back, one not due or under its slack
+    leaves them."""
+    blocks = [bytearray(64 << 10) for _ in range(1024)]  # 64 MiB, below mmap's threshold
+    held = blocks[::16]  # every 16th kept, the last one too: nothing freed is at the top
+    held.append(blocks[-1])
+    del blocks
+    rss = resident()["anon_bytes"]
+    assert heap()["heap_free_bytes"] > 48 * MIB
+    slack = Trimmer(interval=0.0, slack=1 << 40)
+    assert not slack.tick(1.0) and slack.trims == 0
+    trimmer = Trimmer(interval=60.0, slack=0)
+    assert trimmer.tick(100.0) and trimmer.trims == 1
+    assert rss - resident()["anon_bytes"] > 40 * MIB  # the freed blocks' pages went back
+    assert not trimmer.tick(159.0) and trimmer.trims == 1  # not due yet
+    assert trimmer.tick(160.0) and trimmer.trims == 2
+    assert len(held) == 65
 
 
 def test_weights_are_resident_once_loaded(tiny_models: dict[str, Path]) -> None:

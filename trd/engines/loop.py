@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from trd.engines.engine import Engine
-from trd.engines.memory import heap, resident
+from trd.engines.memory import Trimmer, heap, resident
 from trd.engines.outbound import PeerGone, Send
 from trd.engines.prefix_cache import PrefixCache
 from trd.engines.request import State
@@ -107,7 +107,7 @@ def spin(endpoint: Endpoint, seconds: float, stop: Callable[[], bool]) -> None:
         os.sched_yield()
 
 
-def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
+def stats_body(spec: EngineSpec, node: RoutingEngine, trims: int = 0) -> str:
     sched = node.engine.scheduler
     # A prefill ahead is no request of this engine's (yet): counted apart, so the
     # running and waiting columns and the queue-depth gauge count only requests.
@@ -130,7 +130,7 @@ def stats_body(spec: EngineSpec, node: RoutingEngine) -> str:
         "thresholds": node.launch.thresholds, "max_wait_ms": node.launch.max_wait * 1e3,
         "held_launches": node.launch.held_launches, "held_s": node.launch.held_seconds,
         "threads": spec.threads, "wide_forwards": node.threads.wide_forwards,
-        "memory": {**resident(), **heap()}, "live": live_counts(node),
+        "memory": {**resident(), **heap(), "heap_trims": trims}, "live": live_counts(node),
         "time": time.time(), **node.stats.snapshot(),
     }  # fmt: skip
     return json.dumps(body)
@@ -236,6 +236,7 @@ def serve(
     spin_s = spec.settings.spin_ms / 1e3
     last_stats = 0.0
     idle_since: float | None = None  # start of the current stretch without a forward
+    trimmer = Trimmer()
     while not stopping():
         if handle_inbound(node, rings):
             last_stats = 0.0  # answer a control command with fresh stats
@@ -252,8 +253,9 @@ def serve(
             if handle_inbound(node, rings):
                 last_stats = 0.0
         node.publish_busy()
+        trimmer.tick(now)
         if now - last_stats >= STATS_INTERVAL:
-            rings.send(FRONTEND, Stats(spec.index, stats_body(spec, node)))
+            rings.send(FRONTEND, Stats(spec.index, stats_body(spec, node, trimmer.trims)))
             last_stats = now
         if delay == 0.0:
             idle_since = None

@@ -67,6 +67,11 @@ class _EngineCollector(Collector):
         ("trd_engine_busy_seconds", "busy_s", "Seconds the engine spent in its steps"),
         ("trd_engine_grammar_mask_seconds", "mask_s", "Seconds of steps spent on grammar masks"),
         (
+            "trd_engine_heap_trims",
+            "memory.heap_trims",
+            "Times the engine gave its heap's free pages back to the kernel (malloc_trim)",
+        ),
+        (
             "trd_engine_wide_forwards",
             "wide_forwards",
             "Forwards run on the idle cores of the host too (engine.threads_alone)",
@@ -88,8 +93,9 @@ class _EngineCollector(Collector):
         for name, key, doc in self.COUNTERS:
             counter = CounterMetricFamily(name, doc, labels=["model"])
             for model, body in stats.items():
-                if isinstance(body.get(key), int | float):
-                    counter.add_metric([model], float(body[key]))
+                value = _value(body, key)
+                if isinstance(value, int | float):
+                    counter.add_metric([model], float(value))
             yield counter
 
 
