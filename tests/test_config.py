@@ -225,7 +225,10 @@ def test_demo_weights_default_per_pair_and_quantization_goes_with_demo(
     assert daemon_main(["--demo", "tiny", "--check"]) == 0
     assert "quantization" not in capsys.readouterr().out  # the fixtures as built
     assert daemon_main(["--demo", "tiny", "--quantization", "int8", "--check"]) == 0
-    assert "model 'small' quantization int8" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "model 'small' quantization int8" in out
+    # engine.quant_dense_from's default: the kernel at every row count, nothing measured
+    assert "model 'small' linears run dense from rows: never (engine.quant_dense_from)" in out
     with pytest.raises(SystemExit) as exc:
         daemon_main(["--config", "x.yaml", "--quantization", "int8"])
     assert exc.value.code == 2

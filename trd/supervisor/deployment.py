@@ -201,8 +201,13 @@ def quantization_lines(cfg: Config, deployment: Deployment) -> list[str]:
             from trd.models.quantization import linear_kinds
 
             assert m.checkpoint is not None
-            kinds = linear_kinds(m.checkpoint.matrices, mp.quantization)
-            found = describe(crossovers(kinds, cfg.engine.max_batch_tokens, torch_dtype(m.dtype)))
-            dense = ", ".join(f"{k}: {'never' if c is None else c}" for k, c in found.items())
+            fixed = cfg.engine.quant_dense_from
+            if fixed is not None:  # set: nothing to measure
+                dense = f"{fixed or 'never'} (engine.quant_dense_from)"
+            else:
+                kinds = linear_kinds(m.checkpoint.matrices, mp.quantization)
+                found = describe(crossovers(kinds, cfg.engine.max_batch_tokens,
+                                            torch_dtype(m.dtype)))  # fmt: skip
+                dense = ", ".join(f"{k}: {'never' if c is None else c}" for k, c in found.items())
             lines.append(f"model {m.name!r} linears run dense from rows: {dense}")
     return lines
