@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trd.bench.compare.agent import SHAPES, AgentShape, conversations, perfect_hits, scaled_shape
 from trd.bench.compare.agent_run import read_pace, turn_log
 from trd.bench.compare.agent_table import agent_table
+from trd.bench.compare.cli import main as compare_main
 from trd.bench.datasets import Conversation
 from trd.bench.load import TokenTarget, run_load
 from trd.bench.record import Record
@@ -110,23 +113,32 @@ def test_a_paced_turn_waits_for_its_time_and_for_its_previous_answer(
     assert read_pace(path) == {2: sent}
 
 
-def test_a_pace_file_without_standard_serving_is_refused(tmp_path: Path) -> None:
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """`bench compare ARGV`'s usage error, in this process (its checks come before any
+    model is loaded): what it printed on stderr."""
+    with pytest.raises(SystemExit) as exc:
+        compare_main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_pace_file_without_standard_serving_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"runs": [{"system": "tokenrouterd", "n": 4, "turn_log": []}]}))
-    argv = [*COMPARE, "--agent", "--agent-pace", str(path)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2
-    assert f"--agent-pace: {path} holds no standard-serving run with a turn log" in out.stderr
+    err = refusal(["--agent", "--agent-pace", str(path)], capsys)
+    assert f"--agent-pace: {path} holds no standard-serving run with a turn log" in err
 
 
-def test_a_pace_file_that_is_not_an_agent_run_is_refused_by_name(tmp_path: Path) -> None:
+def test_a_pace_file_that_is_not_an_agent_run_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for path, text in ((tmp_path / "missing.json", None), (tmp_path / "junk.json", "[1, 2]")):
         if text is not None:
             path.write_text(text)
-        argv = [*COMPARE, "--agent", "--agent-pace", str(path)]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        assert out.returncode == 2, out.stderr
-        assert f"--agent-pace: {path} is not an agent run's JSON" in out.stderr
+        err = refusal(["--agent", "--agent-pace", str(path)], capsys)
+        assert f"--agent-pace: {path} is not an agent run's JSON" in err
 
 
 def test_a_pace_from_other_conversations_is_refused(
@@ -195,16 +207,9 @@ def test_a_scaled_shape_keeps_the_prompts_and_cuts_turns_and_answers() -> None:
     assert scaled_shape("demo", None, None) == full
 
 
-def test_an_unknown_agent_system_is_refused_by_name() -> None:
-    argv = [
-        *COMPARE,
-        "--agent",
-        "--agent-systems",
-        "tokenrouterd,tokenrouterd_lpm",
-    ]
-    out = subprocess.run(argv, capture_output=True, text=True)
-    assert out.returncode == 2
-    assert "--agent-systems: unknown tokenrouterd_lpm; known: official," in out.stderr
+def test_an_unknown_agent_system_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refusal(["--agent", "--agent-systems", "tokenrouterd,tokenrouterd_lpm"], capsys)
+    assert "--agent-systems: unknown tokenrouterd_lpm; known: official," in err
 
 
 def test_standard_servers_step_as_many_tokens_as_the_daemon(
@@ -227,8 +232,6 @@ def test_standard_servers_step_as_many_tokens_as_the_daemon(
     assert "--no-prefix-cache" in std_server_argv(Path("/m"), prefix_cache=False)
 
 
-def test_a_step_of_no_tokens_is_refused_by_name() -> None:
-    argv = [*COMPARE, "--agent", "--agent-max-batch-tokens", "0"]
-    out = subprocess.run(argv, capture_output=True, text=True)
-    assert out.returncode == 2
-    assert "--agent-max-batch-tokens: 0 is below 1" in out.stderr
+def test_a_step_of_no_tokens_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    err = refusal(["--agent", "--agent-max-batch-tokens", "0"], capsys)
+    assert "--agent-max-batch-tokens: 0 is below 1" in err

@@ -40,6 +40,7 @@ def test_bench_routing_reports_every_row(tiny_models: dict[str, Path], finished:
     assert "speedup" in finished.stdout and f"wrote {out}" in finished.stdout
 
 
+@pytest.mark.slow  # per commit: test_share_control's first move in force
 def test_share_run_samples_the_control_loop(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     """The real-pair share run's script on the fixtures, briefly: it serves, samples the
     admin API and writes them (convergence itself: test_share_control)."""

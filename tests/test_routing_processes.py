@@ -1,7 +1,8 @@
 """Engine processes over shared-memory rings against the reference loop (float64).
 
 16 requests (the slow tier: 32), outputs of 16 to 256 tokens, run at concurrency 1 then
-16 for every policy (the slow tier: 1 then 4), with each engine's prefix cache on (the
+16 (the slow tier: 1 then 4 too) for three policies per commit, every policy in the slow
+tier, with each engine's prefix cache on (the
 later run finds the prompts of the run at 1 cached); committed tokens and the producing
 model of each token must equal the reference loop's, and every model must have fed or
 taken from its cache each token of its sequences exactly once.
@@ -42,13 +43,22 @@ def shm_segments(prefix: str) -> list[str]:
 CASE_IDS = ["rstitch-2", "rstitch-3", "citer", "r2r", "collm", "glimp", "ensemble-3", "scripted-3"]
 
 
-# Per commit 16 requests at 1 and 16 in flight; the slow tier 32 at 1 and 4.
-CONCURRENCIES = [pytest.param(((1, 16), 16), id="c1+16"),
-                 pytest.param(((1, 4), 32), id="c1+4", marks=pytest.mark.slow)]  # fmt: skip
+# Per commit, three cases (three models, a router head, the ensemble) with 16 requests at
+# 1 and 16 in flight; every policy's decision rule is checked against the loop per commit
+# in-process (test_routing_inprocess). The slow tier: every case at 1 and 16, and 32
+# requests at 1 and 4.
+PER_COMMIT = ("rstitch-3", "citer", "ensemble-3")
+RUNS = [
+    pytest.param(case, ((1, 16), 16), id=f"{name}-c1+16",
+                 marks=() if name in PER_COMMIT else pytest.mark.slow)
+    for case, name in enumerate(CASE_IDS)
+] + [
+    pytest.param(case, ((1, 4), 32), id=f"{name}-c1+4", marks=pytest.mark.slow)
+    for case, name in enumerate(CASE_IDS)
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("concurrencies", CONCURRENCIES)
-@pytest.mark.parametrize("case", range(len(CASE_IDS)), ids=CASE_IDS)
+@pytest.mark.parametrize(("case", "concurrencies"), RUNS)
 def test_engines_equal_the_reference_at_every_concurrency(
     tiny_models: dict[str, Path], heads: dict[str, Path], case: int,
     concurrencies: tuple[tuple[int, ...], int],
