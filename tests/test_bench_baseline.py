@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from trd.bench import datasets
-from trd.bench.compare.baseline import BASELINES, LLAMA, BaselinePlan, run_system, systems, table
+from trd.bench.compare.baseline import (
+    BASELINES,
+    LLAMA,
+    BaselinePlan,
+    names_of,
+    pick,
+    run_system,
+    systems,
+    table,
+)
 from trd.bench.compare.cli import main
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
@@ -40,9 +49,29 @@ def test_the_table_says_which_answers_kept_their_text_across_n() -> None:
 def test_the_baseline_plan_is_the_issues_table() -> None:
     plan = BASELINES["baseline"]
     assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 256, True)
-    assert (plan.routed, plan.alone) == (("int8",), ("int8",))
+    assert (plan.routed, plan.alone) == (("int4", "int8"), ("int4",))
     assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
                      "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
+    assert names_of(plan) == [*LLAMA, "tokenrouterd_int4", "std_large_int4", "tokenrouterd_int8"]
+
+
+def test_systems_picks_the_named_ones_in_the_plans_order_and_refuses_others(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan = BASELINES["baseline"]
+    assert pick(plan, None) == names_of(plan)
+    assert pick(plan, ["tokenrouterd_int4", "llama_server_large"]) == [
+        "llama_server_large", "tokenrouterd_int4"]  # fmt: skip
+    with pytest.raises(ValueError, match="--systems: std_large_int8 not in this plan; it has "
+                       "llama_server_large, "):  # fmt: skip
+        pick(plan, ["std_large_int8"])
+    for argv, says in (
+        (["--plan", "baseline", "--systems", "llama_server_tiny"], "llama_server_tiny not in"),
+        (["--plan", "smoke", "--systems", "tokenrouterd_int4"], "only the baseline plans"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_one_system_is_measured_at_each_n_of_its_plan(
@@ -50,6 +79,8 @@ def test_one_system_is_measured_at_each_n_of_its_plan(
 ) -> None:
     """The slow smoke run's guard: the systems are alike but for their models, and one of
     them (the large model alone, the quicker start) is started and measured, warm-up aside."""
+    assert list(systems(BASELINES["baseline_smoke"], "tiny", CACHE_DIR, ["tokenrouterd_int8"]))\
+        == ["tokenrouterd_int8"]  # fmt: skip
     found = systems(BASELINES["baseline_smoke"], "tiny", CACHE_DIR)
     assert list(found) == ["tokenrouterd_none", "std_large_none", "tokenrouterd_int8"]
     (ours, _), (std, start) = found["tokenrouterd_none"], found["std_large_none"]

@@ -7,7 +7,7 @@ would compare them, on the same code prompts through the same client.
     tokenrouterd_Q                  our daemon with the demo's config (`--demo
                                     --quantization Q`'s: R-Stitch at the demo's threshold),
                                     for each Q of the plan (none: bfloat16 weights;
-                                    baseline: the demo's int8)
+                                    baseline: the demo's int4, and int8)
     std_large_Q                     standard serving of the 1.5B in our engine: the daemon
                                     with the 1.5B alone, the same settings
 
@@ -50,9 +50,10 @@ class BaselinePlan:
 
 
 BASELINES = {
-    # 16 code prompts, 256 tokens: the demo's default weights; about 35 minutes on 2 cores
+    # 16 code prompts, 256 tokens: the demo's weights (int4) and int8; about 45 minutes on 2
+    # cores (--systems runs some of them)
     # (`tokenrouterd bench step` compares bfloat16, int8 and int4 step by step)
-    "baseline": BaselinePlan((1, 16), 16, 256, True, ("int8",), ("int8",)),
+    "baseline": BaselinePlan((1, 16), 16, 256, True, ("int4", "int8"), ("int4",)),
     "baseline_smoke": BaselinePlan((1, 2), 2, 8, False, ("none", "int8"), ("none",)),
 }
 LLAMA = {
@@ -62,24 +63,51 @@ LLAMA = {
 }
 
 
-def systems(plan: BaselinePlan, pair: str, cache_dir: Path | None) -> dict[str, Any]:
-    """name -> (its config for the result, a function that starts it in a folder)."""
+def names_of(plan: BaselinePlan) -> list[str]:
+    """The plan's systems, in the order they run."""
+    ours = [f"{kind}_{quant}" for quant in dict.fromkeys(plan.routed + plan.alone)
+            for kind, kept in (("tokenrouterd", plan.routed), ("std_large", plan.alone))
+            if quant in kept]  # fmt: skip
+    return [*(LLAMA if plan.llama else ()), *ours]
+
+
+def pick(plan: BaselinePlan, names: list[str] | None) -> list[str]:
+    """The systems named (all without names), in the plan's order; ValueError naming any
+    the plan does not have."""
+    known = names_of(plan)
+    if names is None:
+        return known
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--systems: {', '.join(unknown)} not in this plan; it has "
+                         f"{', '.join(known)}")  # fmt: skip
+    return [n for n in known if n in names]
+
+
+def systems(
+    plan: BaselinePlan, pair: str, cache_dir: Path | None, names: list[str] | None = None
+) -> dict[str, Any]:
+    """name -> (its config for the result, a function that starts it in a folder), for the
+    systems `names` (all of the plan's without); only their weights are imported."""
+    chosen = pick(plan, names)
     ours = {}
     for quant in dict.fromkeys(plan.routed + plan.alone):
+        if f"tokenrouterd_{quant}" not in chosen and f"std_large_{quant}" not in chosen:
+            continue
         demo = ensure_demo_pair(pair, cache_dir, quant)
         common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
                                   "max_model_len": demo.max_model_len}  # fmt: skip
         if pair == "tiny" and quant != "none":  # the fixtures are quantised at load
             common["per_model"] = {n: {"quantization": quant} for n in demo.models}
-        if quant in plan.routed:
+        if f"tokenrouterd_{quant}" in chosen:
             policy = {"name": "rstitch", "threshold": demo.threshold}
             ours[f"tokenrouterd_{quant}"] = daemon_config(demo.models, policy, **common)
-        if quant in plan.alone:
+        if f"std_large_{quant}" in chosen:
             large = {"large": demo.models["large"]}
             ours[f"std_large_{quant}"] = daemon_config(large, {"name": "rstitch"}, **common)
     out: dict[str, Any] = {}
-    if plan.llama:
-        for name, (model, draft) in LLAMA.items():
+    for name, (model, draft) in LLAMA.items():
+        if name in chosen:
             system = llamacpp.LlamaSystem(model, draft, parallel=max(plan.ns))
             ggufs = llamacpp.demo_ggufs(system, cache_dir)
             out[name] = (system.config(ggufs), _llama(system, cache_dir))
@@ -122,10 +150,17 @@ async def run_system(
 
 
 def run_baseline(
-    plan_name: str, pair: str, out: Path, cache_dir: Path | None, command: list[str]
+    plan_name: str,
+    pair: str,
+    out: Path,
+    cache_dir: Path | None,
+    command: list[str],
+    names: list[str] | None = None,
 ) -> Result:
-    """Every system of the plan, one after another; the result written to `out`."""
+    """The plan's systems (or those `names`), one after another; the result written to
+    `out`."""
     plan = BASELINES[plan_name]
+    chosen = systems(plan, pair, cache_dir, names)
     result = Result("bench compare", command)
     result.add(plan_name=plan_name, plan={"ns": list(plan.ns), "prompts": plan.prompts,
                                           "max_tokens": plan.max_tokens, "routed": plan.routed,
@@ -133,7 +168,7 @@ def run_baseline(
     convs = datasets.load("code", plan.prompts, 0, endpoint="chat")
     logs = out.parent / f"logs-{plan_name}"
     logs.mkdir(parents=True, exist_ok=True)
-    for name, (config, start) in systems(plan, pair, cache_dir).items():
+    for name, (config, start) in chosen.items():
         result.system(name, config)
         server = start(logs)
         try:

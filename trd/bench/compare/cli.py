@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         help="with --plan gpu: every stage on the CPU at tiny shapes (CI)",
     )
     ap.add_argument("--pair", choices=PAIRS, default="demo")
+    ap.add_argument("--systems", metavar="A,B",
+                    help="baseline plans: only these of the plan's systems, in its order "
+                    "(e.g. llama_server_large,tokenrouterd_int4)")  # fmt: skip
     ap.add_argument("--tau", type=float, help="R-Stitch entropy threshold (default: the pair's)")
     ap.add_argument("--cache-dir", type=Path, help="fixture model cache (default: ~/.cache)")
     ap.add_argument("--out", type=Path, default=Path("results/compare.json"))
@@ -114,11 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--dry-run: only --plan gpu has a dry run, not --plan {args.plan}")
     if args.plan == "gpu":
         return run_gpu("gpu_dry" if args.dry_run else "gpu", args.out, command)
+    if args.systems and args.plan not in BASELINES:
+        ap.error(f"--systems: only the baseline plans ({', '.join(BASELINES)}) take it")
     if args.plan in BASELINES:
+        names = args.systems.split(",") if args.systems else None
         try:
             run_baseline(args.plan, "tiny" if args.pair == "tiny" else "qwen", args.out,
-                         args.cache_dir, command)  # fmt: skip
-        except llamacpp.LlamaCppError as exc:
+                         args.cache_dir, command, names)  # fmt: skip
+        except (llamacpp.LlamaCppError, ValueError) as exc:
             ap.error(str(exc))
         return 0
     systems = args.agent_systems.split(",")
