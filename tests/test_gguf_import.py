@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -24,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from trd.daemon import main as daemon_main
 from trd.models.checkpoint import read_checkpoint
 from trd.models.gguf import import_gguf
 from trd.models.gguf_meta import GGUFImportError, GGUFMeta
@@ -32,7 +30,6 @@ from trd.models.qformat import QuantTensor
 from trd.testing.smollm2 import packaged_gguf
 from trd.testing.tinymodels.build import save_random_checkpoint
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "def add(a, b):\n    return a + b  # sum\n",
@@ -200,23 +197,29 @@ def llama_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def test_cli_writes_atomically_and_refuses_to_overwrite(llama_ckpt: Path, tmp_path: Path) -> None:
+def test_cli_writes_atomically_and_refuses_to_overwrite(
+    llama_ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tokenrouterd import-gguf`, called as the command line calls it (in this process:
+    a subprocess per call cost 5 s of imports)."""
     src, out = tmp_path / "m.gguf", tmp_path / "out"
     write_gguf(llama_ckpt, src, "llama")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "trd.daemon", "import-gguf", *args]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    def run(*args: str) -> tuple[int, str]:
+        try:
+            code = daemon_main(["import-gguf", *args])
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        return code, capsys.readouterr().err
 
-    done = run(str(src), str(out), "--dtype", "bfloat16")
-    assert done.returncode == 0, done.stderr
+    code, err = run(str(src), str(out), "--dtype", "bfloat16")
+    assert code == 0, err
     assert load_file(out / "model.safetensors")["model.norm.weight"].dtype == torch.bfloat16
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
-    again = run(str(src), str(out))
-    assert again.returncode == 2 and "not empty (use --force" in again.stderr
-    forced = run(str(src), str(out), "--force")
-    assert forced.returncode == 0, forced.stderr
+    code, err = run(str(src), str(out))
+    assert code == 2 and "not empty (use --force" in err
+    code, err = run(str(src), str(out), "--force")
+    assert code == 0, err
     assert load_file(out / "model.safetensors")["model.norm.weight"].dtype == torch.float32
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf", "out"]  # no temp left
 
