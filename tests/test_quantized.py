@@ -305,6 +305,41 @@ def test_the_native_glue_computes_what_torch_does() -> None:
     assert torch.allclose(outs[1], outs[0], atol=1e-5)
 
 
+@needs_kernel
+def test_a_decode_rows_attention_does_not_depend_on_its_batch() -> None:
+    """With the native glue a one-token row is attended in the one native call whether the
+    batch holds it alone, other decodes, or a prefill too: bit-identical outputs (a
+    request's tokens, and the routing decisions on them, must not depend on what it was
+    batched with; before, a batch with a prefill sent its decode rows through SDPA)."""
+    from trd.models.attention.torch_paged import TorchPagedAttention
+
+    native = qkernel.load()
+    assert native is not None
+    gen = torch.Generator().manual_seed(7)
+    h, kvh, d = 4, 2, 32
+    kv_cache = torch.randn(2, 12, 16, kvh, d, generator=gen)
+    decode_q = torch.randn(1, h, d, generator=gen)
+    decode_kv = torch.randn(2, 1, kvh, d, generator=gen)  # its new token's k and v
+    other_q, prefill_q = torch.randn(1, h, d, generator=gen), torch.randn(5, h, d, generator=gen)
+    other_kv, prefill_kv = torch.randn(2, 1, kvh, d), torch.randn(2, 5, kvh, d)
+
+    def attend(layout: BatchLayout, q: torch.Tensor, kv: torch.Tensor, row: int) -> torch.Tensor:
+        backend = TorchPagedAttention(torch.device("cpu"))
+        backend.native = native
+        backend.plan(layout)
+        return backend.attend(q, kv[0], kv[1], kv_cache.clone())[row]
+
+    decode = ([1], [40], [[3, 0, 7]])  # q_len, tokens before, pages: the same row in each
+    alone = attend(BatchLayout(*decode, 16), decode_q, decode_kv, 0)
+    batches = [  # another decode first; a prefill of 5 tokens after 9 cached first
+        (BatchLayout([1, 1], [20, 40], [[5, 9], [3, 0, 7]], 16), other_q, other_kv),
+        (BatchLayout([5, 1], [9, 40], [[5], [3, 0, 7]], 16), prefill_q, prefill_kv),
+    ]
+    for layout, q, kv in batches:
+        got = attend(layout, torch.cat([q, decode_q]), torch.cat([kv, decode_kv], 1), len(q))
+        assert torch.equal(got, alone)
+
+
 def test_bench_step_times_each_variant_and_its_weights(large: Path, tmp_path: Path) -> None:
     """`tokenrouterd bench step` on the fixture: a run per variant and row count in the one
     result schema, each variant's resident weights (int4 below float) and its crossover."""

@@ -41,7 +41,7 @@ class _Plan:
     decode_slots: torch.Tensor  # (Bd * Lmax,) flattened (Bd, Lmax) slots
     decode_mask: torch.Tensor  # (Bd, 1, 1, Lmax)
     rows: list[_Row]
-    # With `native` and every request feeding one token: its slots, for the one call.
+    # With `native`: the one-token rows, their slot offsets and slots, for the one call.
     native: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
@@ -68,13 +68,17 @@ class TorchPagedAttention(AttentionBackend):
             return
         ps = layout.page_size
         write, dec_rows, dec_slots, rows = [], [], [], []
+        one_rows, one_slots = [], []  # with `native`: every one-token row, in its call
         row = 0
         for n, start, table in zip(
             layout.q_lens, layout.kv_starts, layout.page_tables, strict=True
         ):
             total = start + n
             write.append(slot_indices(table, start, total, ps))
-            if n == 1 and total < BATCH_BELOW_TOKENS:
+            if n == 1 and self.native is not None:
+                one_rows.append(row)
+                one_slots.append(slot_indices(table, 0, total, ps))
+            elif n == 1 and total < BATCH_BELOW_TOKENS:
                 dec_rows.append(row)
                 dec_slots.append(slot_indices(table, 0, total, ps))
             else:
@@ -97,6 +101,7 @@ class TorchPagedAttention(AttentionBackend):
             decode_slots=self._t(padded.reshape(-1)),
             decode_mask=self._t(valid[:, None, None, :]),
             rows=rows,
+            native=self._native_rows(one_rows, one_slots) if one_rows else None,
         )
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
@@ -107,11 +112,17 @@ class TorchPagedAttention(AttentionBackend):
         pairs = zip(starts, tables, strict=True)
         slots = [slot_indices(table, 0, start + 1, ps) for start, table in pairs]
         write = np.array([s[-1] for s in slots], dtype=np.int64)
-        offsets = np.cumsum([0, *(len(s) for s in slots)], dtype=np.int64)
-        rows = np.arange(len(slots), dtype=np.int64)
         empty = torch.empty(0, dtype=torch.long)
-        native = (self._t(rows), self._t(offsets), self._t(np.concatenate(slots)))
+        native = self._native_rows(list(range(len(slots))), slots)
         return _Plan(self._t(write), empty, empty, empty, [], native)
+
+    def _native_rows(
+        self, rows: list[int], slots: list[np.ndarray]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The native call's arguments for one-token `rows` attending to their `slots`."""
+        offsets = np.cumsum([0, *(len(s) for s in slots)], dtype=np.int64)
+        return (self._t(np.asarray(rows, dtype=np.int64)), self._t(offsets),
+                self._t(np.concatenate(slots)))  # fmt: skip
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor
@@ -124,14 +135,19 @@ class TorchPagedAttention(AttentionBackend):
         k_flat.index_copy_(0, p.write_slots, k)
         v_flat.index_copy_(0, p.write_slots, v)
         if p.native is not None and self.native is not None:  # float32 engines only
+            # Every one-token row in the one native call, whatever else the batch holds:
+            # a decode row's attention is the same alone, among decodes or beside a
+            # prefill (so are its tokens, and the routing decisions they feed).
             out = torch.empty(q.shape, dtype=q.dtype)
             self.native.decode_attention(q, k_flat, v_flat, out, *p.native)
-            return out
-        if not p.rows:
+            if not p.rows:
+                return out
+        elif not p.rows:
             return self._decode(q, k_flat, v_flat, p)
-        if len(p.rows) == 1 and p.rows[0].mask is None and not len(p.decode_rows):
+        elif len(p.rows) == 1 and p.rows[0].mask is None and not len(p.decode_rows):
             return self._one(q, k_flat, v_flat, p.rows[0].kv)  # one request, one token
-        out = torch.empty_like(q)
+        else:
+            out = torch.empty_like(q)
         if len(p.decode_rows):
             out[p.decode_rows] = self._decode(q[p.decode_rows], k_flat, v_flat, p)
         for r in p.rows:
