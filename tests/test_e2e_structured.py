@@ -289,6 +289,7 @@ def test_the_soak_mix_leaves_no_request_or_page_behind(daemon: Daemon, tmp_path:
     assert list(last) == ["supervisor", "small", "large"]
     for p in last.values():
         assert p["rss_bytes"] >= p["anon_bytes"] > 0 and p["heap_in_use_bytes"] > 0
+        assert p["heap_trims"] >= 0  # each process trims its heap (memory.py's Trimmer)
     for name in ("small", "large"):
         assert last[name]["requests"] == last[name]["kv_pages_used"] == 0
         assert last[name]["finished_remembered"] > 0 and last[name]["prefix_blocks"] > 0

@@ -140,7 +140,7 @@ class AdminApi:
         body = {
             "state": self.hub.state, "reason": self.hub.reason, "pid": os.getpid(),
             "uptime_s": time.time() - self.started, "restarts": self.sup.restarts,
-            "memory": {**resident(), **heap()},
+            "memory": {**resident(), **heap(), "heap_trims": self.sup.trimmer.trims},
             "model": "+".join(s.name for s in self.sup.specs),
             "active_requests": len(self.hub.gens), "max_inflight": cfg.max_inflight,
             "policy": {"name": cfg.policy.name, **cfg.policy.params}, "mps": asdict(self.mps),

@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from trd.config import Config
+from trd.engines.memory import Trimmer
 from trd.logs import StderrTap
 from trd.policies.params import PolicySpec
 from trd.remote.spec import RemoteSpec
@@ -56,6 +57,7 @@ class EngineKeeper:
         self.fatal_reason = ""
         self._restarting: asyncio.Task[None] | None = None
         self._housekeeping: asyncio.Task[None] | None = None
+        self.trimmer = Trimmer()  # the supervisor's heap, as each engine's (memory.py)
         self._stopping = False
 
     # -- start / stop -------------------------------------------------------------------
@@ -139,6 +141,7 @@ class EngineKeeper:
                 last_check = now
                 for gen in group.fail_stalled(stall):
                     log.error("request %x failed: no progress for %.0f s", gen.rid, stall)
+                self.trimmer.tick(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(queued.wait(), HOUSEKEEPING_S)
 
