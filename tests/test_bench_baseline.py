@@ -15,6 +15,7 @@ from trd.bench.compare.baseline import (
     BASELINES,
     LLAMA,
     BaselinePlan,
+    UnknownSystem,
     names_of,
     pick,
     run_system,
@@ -62,7 +63,7 @@ def test_systems_picks_the_named_ones_in_the_plans_order_and_refuses_others(
     assert pick(plan, None) == names_of(plan)
     assert pick(plan, ["tokenrouterd_int4", "llama_server_large"]) == [
         "llama_server_large", "tokenrouterd_int4"]  # fmt: skip
-    with pytest.raises(ValueError, match="--systems: std_large_int8 not in this plan; it has "
+    with pytest.raises(UnknownSystem, match="--systems: std_large_int8 not in this plan; it has "
                        "llama_server_large, "):  # fmt: skip
         pick(plan, ["std_large_int8"])
     for argv, says in (

@@ -63,23 +63,33 @@ LLAMA = {
 }
 
 
+def ours(quant: str) -> tuple[str, str]:
+    """The names of our routed pair and of our 1.5B alone in `quant` weights."""
+    return f"tokenrouterd_{quant}", f"std_large_{quant}"
+
+
 def names_of(plan: BaselinePlan) -> list[str]:
     """The plan's systems, in the order they run."""
-    ours = [f"{kind}_{quant}" for quant in dict.fromkeys(plan.routed + plan.alone)
-            for kind, kept in (("tokenrouterd", plan.routed), ("std_large", plan.alone))
-            if quant in kept]  # fmt: skip
-    return [*(LLAMA if plan.llama else ()), *ours]
+    names = [*(LLAMA if plan.llama else ())]
+    for quant in dict.fromkeys(plan.routed + plan.alone):
+        routed, alone = ours(quant)
+        names += [routed] * (quant in plan.routed) + [alone] * (quant in plan.alone)
+    return names
+
+
+class UnknownSystem(ValueError):
+    """--systems names a system the plan does not have."""
 
 
 def pick(plan: BaselinePlan, names: list[str] | None) -> list[str]:
-    """The systems named (all without names), in the plan's order; ValueError naming any
-    the plan does not have."""
+    """The systems named (all without names), in the plan's order; UnknownSystem naming
+    any the plan does not have (before anything is imported or started)."""
     known = names_of(plan)
     if names is None:
         return known
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"--systems: {', '.join(unknown)} not in this plan; it has "
+        raise UnknownSystem(f"--systems: {', '.join(unknown)} not in this plan; it has "
                          f"{', '.join(known)}")  # fmt: skip
     return [n for n in known if n in names]
 
@@ -90,28 +100,29 @@ def systems(
     """name -> (its config for the result, a function that starts it in a folder), for the
     systems `names` (all of the plan's without); only their weights are imported."""
     chosen = pick(plan, names)
-    ours = {}
+    daemons = {}
     for quant in dict.fromkeys(plan.routed + plan.alone):
-        if f"tokenrouterd_{quant}" not in chosen and f"std_large_{quant}" not in chosen:
+        routed, alone = ours(quant)
+        if routed not in chosen and alone not in chosen:
             continue
         demo = ensure_demo_pair(pair, cache_dir, quant)
         common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
                                   "max_model_len": demo.max_model_len}  # fmt: skip
         if pair == "tiny" and quant != "none":  # the fixtures are quantised at load
             common["per_model"] = {n: {"quantization": quant} for n in demo.models}
-        if f"tokenrouterd_{quant}" in chosen:
+        if routed in chosen:
             policy = {"name": "rstitch", "threshold": demo.threshold}
-            ours[f"tokenrouterd_{quant}"] = daemon_config(demo.models, policy, **common)
-        if f"std_large_{quant}" in chosen:
+            daemons[routed] = daemon_config(demo.models, policy, **common)
+        if alone in chosen:
             large = {"large": demo.models["large"]}
-            ours[f"std_large_{quant}"] = daemon_config(large, {"name": "rstitch"}, **common)
+            daemons[alone] = daemon_config(large, {"name": "rstitch"}, **common)
     out: dict[str, Any] = {}
     for name, (model, draft) in LLAMA.items():
         if name in chosen:
             system = llamacpp.LlamaSystem(model, draft, parallel=max(plan.ns))
             ggufs = llamacpp.demo_ggufs(system, cache_dir)
             out[name] = (system.config(ggufs), _llama(system, cache_dir))
-    for name, cfg in ours.items():
+    for name, cfg in daemons.items():
         out[name] = ({"kind": "tokenrouterd", **cfg}, _daemon(name, cfg))
     return out
 

@@ -55,7 +55,7 @@ from trd.bench import llamacpp
 from trd.bench.compare.agent import scaled_shape
 from trd.bench.compare.agent_run import DEFAULT_SYSTEMS, SYSTEMS, AgentBench, read_pace
 from trd.bench.compare.agent_table import agent_table
-from trd.bench.compare.baseline import BASELINES, run_baseline
+from trd.bench.compare.baseline import BASELINES, UnknownSystem, run_baseline
 from trd.bench.compare.pairs import DEFAULT_TAU, PAIRS, load_pair
 from trd.bench.compare.plan import PLANS
 from trd.bench.compare.runner import Bench
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run_baseline(args.plan, "tiny" if args.pair == "tiny" else "qwen", args.out,
                          args.cache_dir, command, names)  # fmt: skip
-        except (llamacpp.LlamaCppError, ValueError) as exc:
+        except (llamacpp.LlamaCppError, UnknownSystem) as exc:
             ap.error(str(exc))
         return 0
     systems = args.agent_systems.split(",")

@@ -58,14 +58,11 @@ class TorchPagedAttention(AttentionBackend):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._plan: _Plan | None = None
-        # Quantised models on the CPU: a decode step's attention in one native call per
-        # layer (float32; trd/models/cpu_ops.cpp), set by the runner.
+        # Quantised models on the CPU: every one-token row's attention in one native call
+        # per layer (float32; trd/models/cpu_ops.cpp), set by the runner.
         self.native: Kernel | None = None
 
     def plan(self, layout: BatchLayout) -> None:
-        if self.native is not None and all(n == 1 for n in layout.q_lens):
-            self._plan = self._native_plan(layout)
-            return
         ps = layout.page_size
         write, dec_rows, dec_slots, rows = [], [], [], []
         one_rows, one_slots = [], []  # with `native`: every one-token row, in its call
@@ -106,15 +103,6 @@ class TorchPagedAttention(AttentionBackend):
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device)
-
-    def _native_plan(self, layout: BatchLayout) -> _Plan:
-        ps, starts, tables = layout.page_size, layout.kv_starts, layout.page_tables
-        pairs = zip(starts, tables, strict=True)
-        slots = [slot_indices(table, 0, start + 1, ps) for start, table in pairs]
-        write = np.array([s[-1] for s in slots], dtype=np.int64)
-        empty = torch.empty(0, dtype=torch.long)
-        native = self._native_rows(list(range(len(slots))), slots)
-        return _Plan(self._t(write), empty, empty, empty, [], native)
 
     def _native_rows(
         self, rows: list[int], slots: list[np.ndarray]
