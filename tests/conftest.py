@@ -15,11 +15,15 @@ behaviour the per-commit tier also checks, more cheaply:
     guidellm's runs                              guidellm installed; the openai SDK's counts
     the simulation grid                          its corner cases
     routing at 4 in flight (processes,           the same at 1 and 16
-      grammars); five of the eight process       for three of them; every policy
+      grammars); seven of the eight process      for one of them; every policy
       cases at 1 and 16                          in-process (test_routing_inprocess)
+    prefill ahead, six of the seven in-process   the three-model scripted case's
+      cases
     share_run.py's 20 s run                      the share control's first move
     the step_sync and spin_ms ablations          the kept-KV ablation
     the GPU check's dry run                      its stages' parts
+    the GPU check's --bench mode                 its start without a device; the gpu
+                                                 plan's dry run (test_gpu_bench)
     llama.cpp's tokenizer, live                  its recorded ids
     bench compare's smoke run (~170 s)           the plans' jobs, the step costs
                                                  (test_bench_workloads), the one client

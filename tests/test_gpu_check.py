@@ -56,6 +56,7 @@ def test_the_check_stops_cleanly_without_a_cuda_device(tmp_path: Path) -> None:
     assert results["versions"]["torch"] == torch.__version__
 
 
+@pytest.mark.slow  # the check's start is tested above, the gpu plan's code in test_gpu_bench
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 def test_the_bench_mode_runs_the_gpu_plan_and_stops_without_a_device(tmp_path: Path) -> None:
     """`--bench`: the check's setup, then `bench compare --plan gpu` (docs/gpu.md)."""

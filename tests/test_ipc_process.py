@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 
@@ -248,3 +249,34 @@ def test_engines_spawn_without_the_parents_main_module(monkeypatch: pytest.Monke
         assert queue.get(timeout=60) is imported
         child.join(30)
     assert sys.modules["__main__"] is main  # put back
+
+
+FRONT_END = "import sys, trd.engines.loop; print({'transformers', 'aiohttp'} & {*sys.modules})"
+ENGINE_START = """
+import sys
+from pathlib import Path
+from trd.engines.loop import build
+from trd.engines.spec import EngineSpec
+build(EngineSpec.of(Path(sys.argv[1]), kv_tokens=256, dtype="float32"), lambda *a: None)
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_an_engine_s_code_imports_no_front_end() -> None:
+    """Every engine process imports trd.engines.loop; transformers (the front end's
+    tokenizer) there cost each engine start ~0.9 s of CPU (qkernel took its cache folder
+    from the fixtures' module, which trains tokenizers with transformers)."""
+    done = subprocess.run([sys.executable, "-c", FRONT_END], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "set()"
+
+
+def test_an_engine_starts_without_torch_dynamo(tiny_models: dict[str, Path]) -> None:
+    """Building the model on the meta device once ran nn.Embedding's random init there,
+    whose normal_ imports torch._dynamo: 2.5 s of CPU on every engine start. An engine's
+    whole start (load, warm-up forward) needs none of it."""
+    done = subprocess.run([sys.executable, "-c", ENGINE_START, str(tiny_models["small"])],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]

@@ -356,5 +356,20 @@ class Daemon:
             await runner.cleanup()
 
 
+def entry() -> None:
+    """The `tokenrouterd` command. Once the daemon has stopped, everything of ours is
+    closed and its log flushed: it exits without the interpreter's teardown of torch's and
+    transformers' modules (about 0.8 s of every stop on 2 cores, while systemd waits).
+    The subcommands exit normally (their temporary folders are removed at exit)."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 from collections import deque
+from multiprocessing import resource_tracker
 
 # syslog priorities for the journald prefix.
 _PRIORITY = {"DEBUG": 7, "INFO": 6, "WARNING": 4, "ERROR": 3, "CRITICAL": 2}
@@ -65,6 +66,11 @@ class StderrTap:
     """Route fd 2 through a pipe; every line still reaches the original stderr."""
 
     def __init__(self, keep: int = 200) -> None:
+        # multiprocessing's resource tracker (started with the first shared-memory ring)
+        # lives until we exit: started after the pipe took fd 2, it would hold the pipe
+        # open and every close() would wait its whole timeout. Started now, it keeps the
+        # real stderr (its leak warnings still reach the journal).
+        resource_tracker.ensure_running()
         self.out_fd = os.dup(2)
         self.recent: deque[str] = deque(maxlen=keep)
         self._lock = threading.Lock()

@@ -15,6 +15,7 @@ killed at any moment, even during start.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -51,3 +52,9 @@ def engine_process(parent_pid: int, *args: Any) -> None:
     from trd.engines.loop import engine_main  # torch and the model code load only now
 
     engine_main(*args)
+    # Stopped: the rings are closed and nothing else is ours to finish. Skip the
+    # interpreter's teardown of torch's modules, about 1 s of every stop on 2 cores.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -142,7 +142,11 @@ class DecoderLayer(nn.Module):
 class DecoderStack(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Built on the meta device and loaded after: `_weight` skips the random init, whose
+        # normal_ on meta goes through torch._refs and imports torch._dynamo (2.5 s of
+        # CPU on every engine start).
+        table = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=table)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from trd.testing.tinymodels.cache import cache_base
+from trd.models.cache import cache_base
 
 log = logging.getLogger(__name__)
 
