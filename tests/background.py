@@ -1,7 +1,9 @@
 """Commands that tests only read the result of, started early in a niced background
-process: mypy, the GPU check's dry run, the benchmark scripts' short runs. They use the core that
-the other tests leave idle (the suite averages about 1.3 of 2 cores), and their tests
-wait for them.
+process: mypy, the GPU check's dry run, the benchmark scripts' short runs. In a serial run
+they use the core that the other tests leave idle (such a run averages about 1.2 of 2
+cores), and their tests wait for them. Under pytest-xdist (the per-commit tier's two
+workers) no core is idle and a worker does not know which tests it will get: each test
+starts its command when it first asks for it, so no command runs twice.
 
 A test (or a module, through `pytestmark`) opts in with
 `@pytest.mark.background.with_args(command)` (a mark's lone callable argument would be
@@ -64,6 +66,8 @@ _after_models: list[Command] = []
 
 
 def start_collected(items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # every worker collects every test: each test starts its own command
     for item in items:
         marker = item.get_closest_marker("background")
         if marker is None:

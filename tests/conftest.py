@@ -1,7 +1,8 @@
 """Shared fixtures: the tiny fixture models, built once into the repo's .cache/ folder.
 
 Two tiers. `pytest` (the README's command, what CI runs on every commit) runs everything
-but the tests marked `slow`; `pytest -m slow` runs those: each is a longer run of a
+but the tests marked `slow`, in two pytest-xdist workers (`--dist loadfile`: a module's
+daemon starts once); `pytest -m slow -n 0` runs those, serially: each is a longer run of a
 behaviour the per-commit tier also checks, more cheaply:
 
     slow tier                                    per-commit guard
