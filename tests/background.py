@@ -65,9 +65,15 @@ _runs: dict[Command, Run] = {}
 _after_models: list[Command] = []
 
 
+def lazy() -> bool:
+    """Under pytest-xdist every worker collects every test and cannot know which it will
+    get: each test starts its own command when it asks."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
 def start_collected(items: list[pytest.Item]) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # every worker collects every test: each test starts its own command
+    if lazy():
+        return
     for item in items:
         marker = item.get_closest_marker("background")
         if marker is None:

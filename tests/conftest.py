@@ -89,11 +89,14 @@ _build: subprocess.Popen[bytes] | None = None
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Start the collected tests' background commands and run their tests late (the runs
     have the longest time to finish); run the demo-pair tests last, and start building
-    their pair now."""
+    their pair now. Under pytest-xdist the commands start when their tests ask
+    (tests/background.py), so those tests go first instead: the longest units of work
+    first, and no worker left alone with mypy at the end."""
     global _build
     late = [item for item in items if item.get_closest_marker("background")]
     demo = [item for item in items if item.get_closest_marker("demo_pair")]
-    items[:] = [item for item in items if item not in late and item not in demo] + late + demo
+    rest = [item for item in items if item not in late and item not in demo]
+    items[:] = (late + rest if background.lazy() else rest + late) + demo
     if config.option.collectonly:
         return
     background.start_collected(late)
