@@ -42,7 +42,7 @@ from trd.frontend.app import OpenAIApi, Served
 from trd.frontend.auth import KEY_ENVS, Access
 from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
-from trd.logs import StderrTap, setup_logging
+from trd.logs import StderrTap, exit_now, setup_logging
 from trd.memplan.plan import PlanError
 from trd.mps.manager import MpsError, MpsManager
 from trd.sdnotify import Notifier, write_ready_file
@@ -358,17 +358,14 @@ class Daemon:
 
 def entry() -> None:
     """The `tokenrouterd` command. Once the daemon has stopped, everything of ours is
-    closed and its log flushed: it exits without the interpreter's teardown of torch's and
-    transformers' modules (about 0.8 s of every stop on 2 cores, while systemd waits).
-    The subcommands exit normally (their temporary folders are removed at exit)."""
+    closed: it exits without the interpreter's teardown of torch's and transformers'
+    modules (about 0.8 s of every stop on 2 cores, while systemd waits). The subcommands
+    exit normally (their temporary folders are removed at exit)."""
     argv = sys.argv[1:]
     code = main(argv)
     if argv and argv[0] in SUBCOMMANDS:
         sys.exit(code)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ killed at any moment, even during start.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import signal
 import sys
@@ -23,6 +22,8 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from trd.logs import exit_now
 
 PR_SET_PDEATHSIG = 1
 
@@ -52,9 +53,4 @@ def engine_process(parent_pid: int, *args: Any) -> None:
     from trd.engines.loop import engine_main  # torch and the model code load only now
 
     engine_main(*args)
-    # Stopped: the rings are closed and nothing else is ours to finish. Skip the
-    # interpreter's teardown of torch's modules, about 1 s of every stop on 2 cores.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_now(0)  # stopped: the rings are closed, nothing else is ours to finish
