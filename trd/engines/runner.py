@@ -30,6 +30,7 @@ from trd.models.attention.base import AttentionBackend
 from trd.models.attention.torch_paged import TorchPagedAttention
 from trd.models.dispatch import measure, resident_bytes, set_crossover
 from trd.models.loader import load_model, torch_dtype
+from trd.models.native_stack import NativeStack
 from trd.models.packed import onednn_available, pack_linears
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class ModelRunner:
             torch.zeros(shape, dtype=self.dtype, device=self.device)
             for _ in range(self.cfg.num_layers)
         ]
+        # A quantised float32 model's decode steps: the decoder stack in one native call.
+        self.stack = NativeStack.of(self.model, self.kv_caches) if native else None
         self.timer = ModelTimer(self.device)
         self.warm_up()
         self.graphs: StepGraphs | None = None
@@ -202,13 +205,12 @@ class ModelRunner:
 
         seq_lens (T,): the sequence length each token's feed catches up to (dynamic rope)."""
         backend.plan(layout)
-        hidden = self.model(
-            device_tensor(ids, self.device),
-            device_tensor(positions, self.device),
-            backend,
-            self.kv_caches,
-            seq_lens,
-        )
+        ids_t, positions_t = device_tensor(ids, self.device), device_tensor(positions, self.device)
+        decode = backend.native_decode() if isinstance(backend, TorchPagedAttention) else None
+        if self.stack is not None and decode is not None:
+            hidden = self.stack(ids_t, positions_t, seq_lens, *decode)
+        else:
+            hidden = self.model(ids_t, positions_t, backend, self.kv_caches, seq_lens)
         rows = hidden[device_tensor(last, self.device)]
         # Rows past the tokenizer's vocabulary are padding: never sampled, never routed on.
         logits = self.model.logits(rows)[:, : self.vocab].to(self.logits_dtype)

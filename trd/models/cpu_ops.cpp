@@ -1,7 +1,8 @@
 // The float32 glue of a quantised model's step on the CPU, one call each instead of the
 // 5-12 torch calls (each a few microseconds of dispatch at one row) they replace:
-// RMSNorm, rotary embedding in place, and attention of single-token queries over the
-// paged KV cache. Built into the same library as qkernel.cpp (trd/models/qkernel.py).
+// RMSNorm, rotary embedding in place, SiLU(gate) * up, and attention of single-token
+// queries over the paged KV cache. Built into the same library as qkernel.cpp
+// (trd/models/qkernel.py); cpu_stack.cpp strings them into a whole decode step.
 
 #include <immintrin.h>
 #include <math.h>
@@ -9,6 +10,8 @@
 #include <string.h>
 
 #include <vector>
+
+#include "cpu_kernels.h"
 
 namespace {
 
@@ -103,6 +106,24 @@ void trd_rope(float* x, int T, int stride, int heads, int D, const float* cos, c
       }
       memcpy(v, tmp.data(), sizeof(float) * D);
     }
+  }
+}
+
+// out (T, I) = silu(gate) * up = gate / (1 + e^-gate) * up; row t of gate and up at t * ld.
+void trd_silu_mul(const float* gate, const float* up, int ld, float* out, int T, int I) {
+  const __m256 one = _mm256_set1_ps(1.0f), cap = _mm256_set1_ps(88.0f);  // e^88 < FLT_MAX
+  for (int t = 0; t < T; ++t) {
+    const float* g = gate + static_cast<size_t>(t) * ld;
+    const float* u = up + static_cast<size_t>(t) * ld;
+    float* o = out + static_cast<size_t>(t) * I;
+    int i = 0;
+    for (; i + 8 <= I; i += 8) {
+      const __m256 x = _mm256_loadu_ps(g + i);
+      const __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), cap));
+      _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)),
+                                            _mm256_loadu_ps(u + i)));
+    }
+    for (; i < I; ++i) o[i] = g[i] / (1.0f + expf(fminf(-g[i], 88.0f))) * u[i];
   }
 }
 

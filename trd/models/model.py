@@ -111,12 +111,15 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
         self.gate_up_proj: nn.Module | None = None  # gate and up in one call (quantised)
+        self.native: Kernel | None = None  # quantised models on the CPU: SiLU * up in one call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        if self.native is not None and gate.dtype == torch.float32 and gate.dim() == 2:
+            return self.down_proj(self.native.silu_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)
 
 

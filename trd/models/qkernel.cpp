@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
+
 namespace {
 
 constexpr int GROUP = 32;
@@ -38,9 +40,11 @@ inline __m256 load8(const void* x, int bf16, size_t off) {
   return _mm256_loadu_ps(static_cast<const float*>(x) + off);
 }
 
-inline void store8(void* out, int bf16, size_t off, __m256 v) {
+// out[off:off + 8] = v, or += v with `add` (float32 only: the caller checks).
+inline void store8(void* out, int bf16, int add, size_t off, __m256 v) {
   if (!bf16) {
-    _mm256_storeu_ps(static_cast<float*>(out) + off, v);
+    float* o = static_cast<float*>(out) + off;
+    _mm256_storeu_ps(o, add ? _mm256_add_ps(_mm256_loadu_ps(o), v) : v);
     return;
   }
   __m256i i = _mm256_castps_si256(v);  // round to nearest even, as torch's .to(bfloat16)
@@ -150,7 +154,7 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8
 template <int BITS>
 void run(const int8_t* xq, const float* dx, const float* sx, int M, int K, int N,
          const uint8_t* qw, const uint16_t* sc, const uint16_t* mn, const float* bias,
-         void* out, int out_bf16, int threads) {
+         void* out, int ldc, int out_bf16, int add, int threads) {
   const int G = K / GROUP, tiles = N / TILE;
   const size_t tile_bytes = static_cast<size_t>(K) * BITS;  // 8 rows * K * BITS / 8
   for (int mb = 0; mb < M; mb += M_BLOCK) {
@@ -174,7 +178,8 @@ void run(const int8_t* xq, const float* dx, const float* sx, int M, int K, int N
           default: tile<BITS, 4>(x0, d0, s0, K, wt, st, mt, acc); break;
         }
         for (int i = 0; i < r; ++i)
-          store8(out, out_bf16, static_cast<size_t>(m0 + i) * N + t * TILE, _mm256_add_ps(acc[i], b));
+          store8(out, out_bf16, add, static_cast<size_t>(m0 + i) * ldc + t * TILE,
+                 _mm256_add_ps(acc[i], b));
       }
     }
   }
@@ -189,6 +194,13 @@ extern "C" {
 int trd_qlinear(const void* x, int x_bf16, int M, int K, int N, int bits, const uint8_t* qw,
                 const uint16_t* scales, const uint16_t* mins, const float* bias, void* out,
                 int out_bf16, int threads) {
+  return trd_qlinear_into(x, x_bf16, M, K, N, bits, qw, scales, mins, bias, out, N, out_bf16,
+                          0, threads);
+}
+
+int trd_qlinear_into(const void* x, int x_bf16, int M, int K, int N, int bits,
+                     const uint8_t* qw, const uint16_t* scales, const uint16_t* mins,
+                     const float* bias, void* out, int ldc, int out_bf16, int add, int threads) {
   const int G = K / GROUP;
   int8_t* xq = static_cast<int8_t*>(malloc(static_cast<size_t>(M) * K));
   float* dx = static_cast<float*>(malloc(sizeof(float) * static_cast<size_t>(M) * G * 2));
@@ -201,9 +213,9 @@ int trd_qlinear(const void* x, int x_bf16, int M, int K, int N, int bits, const 
 #pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
   for (int m = 0; m < M; ++m) quantize_row(x, x_bf16, K, m, xq, dx, sx);
   if (bits == 4)
-    run<4>(xq, dx, sx, M, K, N, qw, scales, mins, bias, out, out_bf16, threads);
+    run<4>(xq, dx, sx, M, K, N, qw, scales, mins, bias, out, ldc, out_bf16, add, threads);
   else
-    run<8>(xq, dx, sx, M, K, N, qw, scales, mins, bias, out, out_bf16, threads);
+    run<8>(xq, dx, sx, M, K, N, qw, scales, mins, bias, out, ldc, out_bf16, add, threads);
   free(xq);
   free(dx);
   return 0;

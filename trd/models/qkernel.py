@@ -31,7 +31,9 @@ from trd.models.cache import cache_base
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).with_name("qkernel.cpp"), Path(__file__).with_name("cpu_ops.cpp"))
+_HERE = Path(__file__).parent
+SOURCES = tuple(_HERE / name for name in ("qkernel.cpp", "cpu_ops.cpp", "cpu_stack.cpp"))
+HEADERS = (_HERE / "cpu_kernels.h",)
 GROUP, TILE = 32, 8  # inputs per scale, output rows per tile (qkernel.cpp)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 _PTR, _INT = ctypes.c_void_p, ctypes.c_int
@@ -39,24 +41,27 @@ _ARGS = [_PTR, _INT, _INT, _INT, _INT, _INT, _PTR, _PTR, _PTR, _PTR, _PTR, _INT,
 
 
 class Kernel:
-    """The built library: `trd_qlinear` (`bind`) and the float32 glue of cpu_ops.cpp."""
+    """The built library: `trd_qlinear` (`bind`), the float32 glue of cpu_ops.cpp and the
+    decode step of cpu_stack.cpp (`lib`, for trd/models/native_stack.py)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        lib = ctypes.CDLL(str(path))
+        self.lib = lib = ctypes.CDLL(str(path))
         self._fn = lib.trd_qlinear
         self._fn.argtypes = _ARGS  # type: ignore[assignment]  # ctypes' stub is narrower
         self._fn.restype = _INT
-        self._norm, self._rope, self._attend = (
+        self._norm, self._rope, self._silu_mul, self._attend = (
             lib.trd_rmsnorm,
             lib.trd_rope,
+            lib.trd_silu_mul,
             lib.trd_decode_attention,
         )
         self._norm.argtypes = [_PTR, _PTR, ctypes.c_float, _PTR, _INT, _INT]
         self._rope.argtypes = [_PTR, _INT, _INT, _INT, _INT, _PTR, _PTR]
+        self._silu_mul.argtypes = [_PTR, _PTR, _INT, _PTR, _INT, _INT]
         self._attend.argtypes = [_PTR, _INT, _PTR, _PTR, _PTR, _INT, _PTR, _PTR, _PTR,
                                  _INT, _INT, _INT, _INT]  # fmt: skip
-        for f in (self._norm, self._rope, self._attend):
+        for f in (self._norm, self._rope, self._silu_mul, self._attend):
             f.restype = None
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,6 +76,14 @@ class Kernel:
         by cos and the signed sin of `RotaryEmbedding.cos_signed_sin`."""
         t, heads, d = x.shape
         self._rope(x.data_ptr(), t, x.stride(0), heads, d, cos.data_ptr(), sin.data_ptr())
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of float32 (T, I) rows, each contiguous and `gate.stride(0)`
+        apart in both (the halves of a fused gate/up output, or two tensors)."""
+        t, i = gate.shape
+        out = torch.empty(t, i, dtype=gate.dtype)
+        self._silu_mul(gate.data_ptr(), up.data_ptr(), gate.stride(0), out.data_ptr(), t, i)
+        return out
 
     def decode_attention(
         self,
@@ -132,7 +145,7 @@ def why_not() -> str | None:
 
 def _target(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS))
     digest.update(" ".join(FLAGS).encode() + version.encode())
     return cache_base() / "kernels" / f"qkernel-{digest.hexdigest()[:16]}.so"
 

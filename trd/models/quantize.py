@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from trd.models import qkernel
-from trd.models.model import Attention, CausalLM, DecoderLayer, RMSNorm
+from trd.models.model import MLP, Attention, CausalLM, DecoderLayer, RMSNorm
 from trd.models.qformat import GROUP, QuantTensor, quantize
 from trd.models.qlinear import QuantEmbedding, QuantLinear, fuse
 from trd.models.quantization import EMBEDDING, HEAD, bits_for, quantised_name
@@ -54,11 +54,11 @@ def install(
 
 
 def go_native(model: CausalLM) -> None:
-    """The norms and rotary embeddings of a quantised model on the CPU run through the
-    kernel's library (float32; one call each instead of several torch calls)."""
+    """The norms, rotary embeddings and SiLU * up of a quantised model on the CPU run
+    through the kernel's library (float32; one call each instead of several torch calls)."""
     native = qkernel.load()
     for module in model.modules():
-        if isinstance(module, RMSNorm | Attention):
+        if isinstance(module, RMSNorm | Attention | MLP):
             module.native = native
 
 

@@ -101,6 +101,14 @@ class TorchPagedAttention(AttentionBackend):
             native=self._native_rows(one_rows, one_slots) if one_rows else None,
         )
 
+    def native_decode(self) -> tuple[torch.Tensor, ...] | None:
+        """When the planned step's every row is one token in the native call: its KV write
+        slots, then the native call's rows, offsets and slots (`NativeStack` takes them)."""
+        p = self._plan
+        if p is None or p.native is None or p.rows or len(p.decode_rows):
+            return None
+        return (p.write_slots, *p.native)
+
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device)
 
