@@ -30,6 +30,20 @@ def test_a_machine_without_cmake_is_told_what_to_install(
         llamacpp.start(LlamaSystem("small"), tmp_path)
 
 
+def test_amx_that_the_cpu_lists_but_cannot_run_is_left_out_of_the_build(tmp_path: Path) -> None:
+    """A hypervisor may list AMX and leave it off (a tile instruction then dies of SIGILL):
+    the probe says so and the build turns AMX off; a CPU that lists none is not probed."""
+    listed, unlisted = tmp_path / "amx", tmp_path / "plain"
+    listed.write_text("flags\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n")
+    unlisted.write_text("flags\t: fpu avx2 avx512f\n")
+    assert llamacpp.amx_faults(tmp_path, unlisted) is False
+    real = Path("/proc/cpuinfo")
+    faults = llamacpp.amx_faults(tmp_path, listed)  # the probe runs on this CPU
+    if not real.is_file() or "amx_tile" not in real.read_text():  # it has no AMX at all
+        assert faults is True
+    assert set(tmp_path.iterdir()) == {listed, unlisted}  # the probe's program went with it
+
+
 def test_the_draft_system_serves_the_large_model_with_the_small_as_draft() -> None:
     ggufs = {"small": Path("/g/small.gguf"), "large": Path("/g/large.gguf")}
     argv = LlamaSystem("large", "small", parallel=16).argv(ggufs, Path("/l"))

@@ -44,6 +44,25 @@ TARGETS = ("llama-server", "llama-bench")
 CMAKE_FLAGS = ("-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_SERVER=ON",
                "-DCMAKE_BUILD_TYPE=Release")  # fmt: skip
 READY_LINE = re.compile(r"listening on https?://(\S+:\d+)")
+# A CPU may list AMX (cpuinfo: amx_tile) that its hypervisor leaves off: -march=native then
+# builds ggml's AMX kernels, which die of SIGILL at the first batched matmul (a prompt).
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+AMX_PROBE = r"""
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+  unsigned char cfg[64];
+  if (syscall(SYS_arch_prctl, 0x1023, 18)) return 2; /* ARCH_REQ_XCOMP_PERM, XTILEDATA */
+  memset(cfg, 0, sizeof cfg);
+  cfg[0] = 1, cfg[16] = 64, cfg[48] = 16; /* palette 1, tile 0: 16 rows of 64 bytes */
+  _tile_loadconfig(cfg);
+  _tile_zero(0);
+  _tile_release();
+  return 0;
+}
+"""
 
 
 class LlamaCppError(RuntimeError):
@@ -84,12 +103,32 @@ def build(base: Path | None = None) -> Path:
         fetch_sources(base)
     print(f"llama.cpp: building {', '.join(TARGETS)} in {base / 'build'} (15-25 minutes on "
           "2 cores); the compiler's progress follows", file=sys.stderr, flush=True)  # fmt: skip
-    run(["cmake", "-S", str(base / "src"), "-B", str(base / "build"), "-G", "Ninja",
-         *CMAKE_FLAGS], base / "cmake.log")  # fmt: skip
+    flags = list(CMAKE_FLAGS)
+    if amx_faults(base):
+        print("llama.cpp: this CPU lists AMX but cannot run it: building without",
+              file=sys.stderr)  # fmt: skip
+        flags += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+    run(["cmake", "-S", str(base / "src"), "-B", str(base / "build"), "-G", "Ninja", *flags],
+        base / "cmake.log")  # fmt: skip
     run(["cmake", "--build", str(base / "build"), "--target", *TARGETS], base / "build.log")
     if not built(base):
         raise LlamaCppError(f"the build ended without {', '.join(TARGETS)}: see {base}/build.log")
     return binary(TARGETS[0], base).parent
+
+
+def amx_faults(base: Path, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU lists AMX tiles but a program using them dies (a hypervisor that
+    leaves them off); False where the compiler or the CPU has no AMX to try."""
+    if not cpuinfo.is_file() or "amx_tile" not in cpuinfo.read_text(errors="replace"):
+        return False
+    cc = shutil.which("cc") or shutil.which("gcc")
+    with tempfile.TemporaryDirectory(dir=base) as tmp:
+        src, exe = Path(tmp) / "amx.c", Path(tmp) / "amx"
+        src.write_text(AMX_PROBE)
+        if not cc or subprocess.run([cc, "-O2", "-mamx-tile", str(src), "-o", str(exe)],
+                                    capture_output=True).returncode:  # fmt: skip
+            return False
+        return subprocess.run([str(exe)], capture_output=True).returncode != 0
 
 
 def fetch_sources(base: Path) -> None:
