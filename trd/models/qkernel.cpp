@@ -96,6 +96,18 @@ void quantize_row(const void* x, int bf16, int K, int m, int8_t* xq, float* dx, 
   }
 }
 
+// With VNNI (built for a host that has it: qkernel.py) one vpdpbusd replaces vpmaddubsw +
+// vpmaddwd (+ vpaddd): the same exact integer sums (no int16 saturates above), the same bits.
+#if defined(__AVXVNNI__)
+#define TRD_VNNI 1
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TRD_VNNI 1
+inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#else
+#define TRD_VNNI 0
+#endif
+
 inline __m256i bcast4(const int8_t* p) {
   int32_t v;
   memcpy(&v, p, 4);
@@ -113,7 +125,7 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8
     __m256i dot[R];
     if (BITS == 4) {
       const uint8_t* w = wt + static_cast<size_t>(g) * 128;
-      __m256i pairs[R];
+      __m256i pairs[R];  // int16 sums without VNNI, int32 (the dot itself) with it
       for (int r = 0; r < R; ++r) pairs[r] = _mm256_setzero_si256();
       for (int b = 0; b < 4; ++b) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * 32));
@@ -121,11 +133,15 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         for (int r = 0; r < R; ++r) {
           const int8_t* xb = xq + static_cast<size_t>(r) * K + g * GROUP + b * 8;
+#if TRD_VNNI
+          pairs[r] = dpbusd(dpbusd(pairs[r], lo, bcast4(xb)), hi, bcast4(xb + 4));
+#else
           pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, bcast4(xb)));
           pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, bcast4(xb + 4)));
+#endif
         }
       }
-      for (int r = 0; r < R; ++r) dot[r] = _mm256_madd_epi16(pairs[r], ones);
+      for (int r = 0; r < R; ++r) dot[r] = TRD_VNNI ? pairs[r] : _mm256_madd_epi16(pairs[r], ones);
     } else {
       const uint8_t* w = wt + static_cast<size_t>(g) * 256;
       for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
@@ -133,8 +149,12 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * 32));
         for (int r = 0; r < R; ++r) {
           const __m256i xa = bcast4(xq + static_cast<size_t>(r) * K + g * GROUP + b * 4);
+#if TRD_VNNI
+          dot[r] = dpbusd(dot[r], _mm256_sign_epi8(xa, xa), _mm256_sign_epi8(v, xa));
+#else
           const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xa, xa), _mm256_sign_epi8(v, xa));
           dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(p, ones));
+#endif
         }
       }
     }
