@@ -21,11 +21,16 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+// Four accumulators: one chain of dependent FMAs would wait on each one's latency.
 inline float dot(const float* a, const float* b, int n) {
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float s = hsum8(acc);
+  for (; i + 32 <= n; i += 32)
+    for (int j = 0; j < 4; ++j)
+      acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * j), _mm256_loadu_ps(b + i + 8 * j), acc[j]);
+  for (int j = 0; i + 8 <= n; i += 8, j = (j + 1) % 4)
+    acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[j]);
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -67,13 +72,42 @@ inline void softmax(float* p, int64_t len) {
   for (l = 0; l < len; ++l) p[l] *= inv;
 }
 
-// y += a * x
-inline void axpy(float a, const float* x, float* y, int n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * x[i];
+// og[h] (D floats) = sum over l < len of p[h * len + l] * (V row slots[l], from v), for NB
+// heads at once: each 8-float chunk of a V row is loaded once, its NB products accumulate
+// in registers.
+template <int NB>
+void weigh_values(const float* p, int64_t len, const float* v, const int64_t* slots,
+                  size_t stride, int D, float* og) {
+  int c = 0;
+  for (; c + 8 <= D; c += 8) {
+    __m256 acc[NB];
+    for (int h = 0; h < NB; ++h) acc[h] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < len; ++l) {
+      const __m256 vr = _mm256_loadu_ps(v + slots[l] * stride + c);
+      for (int h = 0; h < NB; ++h) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(p[h * len + l]), vr, acc[h]);
+    }
+    for (int h = 0; h < NB; ++h) _mm256_storeu_ps(og + h * D + c, acc[h]);
+  }
+  for (; c < D; ++c)  // a head size that is no multiple of 8
+    for (int h = 0; h < NB; ++h) {
+      float sum = 0;
+      for (int64_t l = 0; l < len; ++l) sum += p[h * len + l] * v[slots[l] * stride + c];
+      og[h * D + c] = sum;
+    }
+}
+
+void weigh(int nb, const float* p, int64_t len, const float* v, const int64_t* slots,
+           size_t stride, int D, float* og) {
+  switch (nb) {
+    case 1: return weigh_values<1>(p, len, v, slots, stride, D, og);
+    case 2: return weigh_values<2>(p, len, v, slots, stride, D, og);
+    case 3: return weigh_values<3>(p, len, v, slots, stride, D, og);
+    case 4: return weigh_values<4>(p, len, v, slots, stride, D, og);
+    case 5: return weigh_values<5>(p, len, v, slots, stride, D, og);
+    case 6: return weigh_values<6>(p, len, v, slots, stride, D, og);
+    case 7: return weigh_values<7>(p, len, v, slots, stride, D, og);
+    default: return weigh_values<8>(p, len, v, slots, stride, D, og);
+  }
 }
 
 }  // namespace
@@ -149,11 +183,9 @@ void trd_decode_attention(const float* q, int q_stride, const float* k, const fl
         for (int h = 0; h < group; ++h) p[h * len + l] = dot(qg + h * D, kr, D) * scale;
       }
       for (int h = 0; h < group; ++h) softmax(p.data() + h * len, len);
-      memset(og, 0, sizeof(float) * group * D);
-      for (int64_t l = 0; l < len; ++l) {
-        const float* vr = v + slots[begin + l] * stride + static_cast<size_t>(g) * D;
-        for (int h = 0; h < group; ++h) axpy(p[h * len + l], vr, og + h * D, D);
-      }
+      for (int h = 0; h < group; h += 8)  // 8 heads of the group at a time
+        weigh(group - h < 8 ? group - h : 8, p.data() + h * len, len,
+              v + static_cast<size_t>(g) * D, slots + begin, stride, D, og + h * D);
     }
   }
 }
