@@ -123,6 +123,11 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int g = 0; g < G; ++g) {
     __m256i dot[R];
+    // The weights 2 KB ahead (the next tile's, near the end): the hardware's prefetcher
+    // stops at page boundaries, and one row's pass is bound by memory (measured: a
+    // 17920 x 1536 4-bit matrix from DRAM, 1 row 1.11 -> 0.84 ms, 4 rows 1.39 -> 0.91).
+    const char* ahead = reinterpret_cast<const char*>(wt) + static_cast<size_t>(g) * BITS * 32 + 2048;
+    for (int b = 0; b < BITS * 32; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
     if (BITS == 4) {
       const uint8_t* w = wt + static_cast<size_t>(g) * 128;
       __m256i pairs[R];  // int16 sums without VNNI, int32 (the dot itself) with it
