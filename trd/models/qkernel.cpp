@@ -16,7 +16,8 @@
 // q = round-half-even(x / d)), so a row's result never depends on the other rows of the
 // batch. Products use vpmaddubsw (unsigned x signed bytes -> int16 pairs): 4-bit weights
 // (<= 15) times |x| <= 127 cannot saturate, summed over a whole group (8 * 3810 < 32767);
-// 8-bit weights take the sign of x (vpsignb) against |x|, 127 * 127 * 2 < 32767.
+// 8-bit weights take the sign of x (vpsignb) against |x|, 127 * 127 * 2 < 32767; with VNNI
+// they are read as w + 128 (unsigned) and 128 * sum(q) comes off the exact int32 sum.
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -67,8 +68,10 @@ inline int hsum(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-// Row m of x -> xq (int8), dx (scale per group), sx (scale * sum of q per group).
-void quantize_row(const void* x, int bf16, int K, int m, int8_t* xq, float* dx, float* sx) {
+// Row m of x -> xq (int8), dx (scale per group), sx (scale * sum of q per group), xs (the
+// sum of q per group).
+void quantize_row(const void* x, int bf16, int K, int m, int8_t* xq, float* dx, float* sx,
+                  int32_t* xs) {
   const int G = K / GROUP;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -92,7 +95,8 @@ void quantize_row(const void* x, int bf16, int K, int m, int8_t* xq, float* dx, 
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + off), _mm256_permutevar8x32_epi32(p, order));
     const float d = amax / 127.0f;
     dx[static_cast<size_t>(m) * G + g] = d;
-    sx[static_cast<size_t>(m) * G + g] = d * static_cast<float>(hsum(sum));
+    xs[static_cast<size_t>(m) * G + g] = hsum(sum);
+    sx[static_cast<size_t>(m) * G + g] = d * static_cast<float>(xs[static_cast<size_t>(m) * G + g]);
   }
 }
 
@@ -114,10 +118,10 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// R activation rows (xq, dx, sx point at the first) against one tile: 8 outputs each.
+// R activation rows (xq, dx, sx, xs point at the first) against one tile: 8 outputs each.
 template <int BITS, int R>
-void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8_t* wt,
-          const uint16_t* st, const uint16_t* mt, __m256* acc) {
+void tile(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int K,
+          const uint8_t* wt, const uint16_t* st, const uint16_t* mt, __m256* acc) {
   const int G = K / GROUP;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -152,16 +156,23 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8
       for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
       for (int b = 0; b < 8; ++b) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * 32));
+#if TRD_VNNI  // w + 128 as unsigned bytes (flipping the sign bit): no sign tricks per row
+        const __m256i u = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
+#endif
         for (int r = 0; r < R; ++r) {
           const __m256i xa = bcast4(xq + static_cast<size_t>(r) * K + g * GROUP + b * 4);
 #if TRD_VNNI
-          dot[r] = dpbusd(dot[r], _mm256_sign_epi8(xa, xa), _mm256_sign_epi8(v, xa));
+          dot[r] = dpbusd(dot[r], u, xa);
 #else
           const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xa, xa), _mm256_sign_epi8(v, xa));
           dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(p, ones));
 #endif
         }
       }
+#if TRD_VNNI  // sum (w + 128) x - 128 sum x = sum w x: the same integer as without VNNI
+      for (int r = 0; r < R; ++r)
+        dot[r] = _mm256_sub_epi32(dot[r], _mm256_set1_epi32(128 * xs[static_cast<size_t>(r) * G + g]));
+#endif
     }
     const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(st + g * TILE)));
     for (int r = 0; r < R; ++r) {
@@ -177,7 +188,7 @@ void tile(const int8_t* xq, const float* dx, const float* sx, int K, const uint8
 }
 
 template <int BITS>
-void run(const int8_t* xq, const float* dx, const float* sx, int M, int K, int N,
+void run(const int8_t* xq, const float* dx, const float* sx, const int32_t* xs, int M, int K, int N,
          const uint8_t* qw, const uint16_t* sc, const uint16_t* mn, const float* bias,
          void* out, int ldc, int out_bf16, int add, int threads) {
   const int G = K / GROUP, tiles = N / TILE;
@@ -195,12 +206,13 @@ void run(const int8_t* xq, const float* dx, const float* sx, int M, int K, int N
         const int8_t* x0 = xq + static_cast<size_t>(m0) * K;
         const float* d0 = dx + static_cast<size_t>(m0) * G;
         const float* s0 = sx + static_cast<size_t>(m0) * G;
+        const int32_t* i0 = xs + static_cast<size_t>(m0) * G;
         __m256 acc[ROWS];
         switch (r) {
-          case 1: tile<BITS, 1>(x0, d0, s0, K, wt, st, mt, acc); break;
-          case 2: tile<BITS, 2>(x0, d0, s0, K, wt, st, mt, acc); break;
-          case 3: tile<BITS, 3>(x0, d0, s0, K, wt, st, mt, acc); break;
-          default: tile<BITS, 4>(x0, d0, s0, K, wt, st, mt, acc); break;
+          case 1: tile<BITS, 1>(x0, d0, s0, i0, K, wt, st, mt, acc); break;
+          case 2: tile<BITS, 2>(x0, d0, s0, i0, K, wt, st, mt, acc); break;
+          case 3: tile<BITS, 3>(x0, d0, s0, i0, K, wt, st, mt, acc); break;
+          default: tile<BITS, 4>(x0, d0, s0, i0, K, wt, st, mt, acc); break;
         }
         for (int i = 0; i < r; ++i)
           store8(out, out_bf16, add, static_cast<size_t>(m0 + i) * ldc + t * TILE,
@@ -228,19 +240,20 @@ int trd_qlinear_into(const void* x, int x_bf16, int M, int K, int N, int bits,
                      const float* bias, void* out, int ldc, int out_bf16, int add, int threads) {
   const int G = K / GROUP;
   int8_t* xq = static_cast<int8_t*>(malloc(static_cast<size_t>(M) * K));
-  float* dx = static_cast<float*>(malloc(sizeof(float) * static_cast<size_t>(M) * G * 2));
+  float* dx = static_cast<float*>(malloc(sizeof(float) * static_cast<size_t>(M) * G * 3));
   if (!xq || !dx) {
     free(xq);
     free(dx);
     return -1;
   }
   float* sx = dx + static_cast<size_t>(M) * G;
+  int32_t* xs = reinterpret_cast<int32_t*>(sx + static_cast<size_t>(M) * G);
 #pragma omp parallel for num_threads(threads) schedule(static) if (M > 1)
-  for (int m = 0; m < M; ++m) quantize_row(x, x_bf16, K, m, xq, dx, sx);
+  for (int m = 0; m < M; ++m) quantize_row(x, x_bf16, K, m, xq, dx, sx, xs);
   if (bits == 4)
-    run<4>(xq, dx, sx, M, K, N, qw, scales, mins, bias, out, ldc, out_bf16, add, threads);
+    run<4>(xq, dx, sx, xs, M, K, N, qw, scales, mins, bias, out, ldc, out_bf16, add, threads);
   else
-    run<8>(xq, dx, sx, M, K, N, qw, scales, mins, bias, out, ldc, out_bf16, add, threads);
+    run<8>(xq, dx, sx, xs, M, K, N, qw, scales, mins, bias, out, ldc, out_bf16, add, threads);
   free(xq);
   free(dx);
   return 0;
