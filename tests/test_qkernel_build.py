@@ -63,9 +63,9 @@ def test_this_hosts_build_gives_the_plain_builds_bits(tmp_path: Path) -> None:
     plain.rope_(rotated[1], cos[:, 0], sin[:, 0])
     assert torch.equal(*rotated)
     q, k, v = torch.randn(3, 6, 32, generator=gen), *torch.randn(2, 40, 2, 32, generator=gen)
-    rows, offsets = torch.arange(3), torch.tensor([0, 7, 17, 40])
+    queries, offsets = torch.arange(3), torch.tensor([0, 7, 17, 40])
     slots = torch.randperm(40, generator=gen)
     outs = [torch.empty(3, 6, 32), torch.empty(3, 6, 32)]
-    host.decode_attention(q, k, v, outs[0], rows, offsets, slots)
-    plain.decode_attention(q, k, v, outs[1], rows, offsets, slots)
+    host.decode_attention(q, k, v, outs[0], queries, offsets, slots)
+    plain.decode_attention(q, k, v, outs[1], queries, offsets, slots)
     assert torch.equal(*outs)
