@@ -50,10 +50,11 @@ def test_the_table_says_which_answers_kept_their_text_across_n() -> None:
 def test_the_baseline_plan_is_the_issues_table() -> None:
     plan = BASELINES["baseline"]
     assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 256, True)
-    assert (plan.routed, plan.alone) == (("int4", "int8"), ("int4",))
+    assert (plan.routed, plan.alone) == (("int8,int4", "int4", "int8"), ("int4",))
     assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
                      "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
-    assert names_of(plan) == [*LLAMA, "tokenrouterd_int4", "std_large_int4", "tokenrouterd_int8"]
+    assert names_of(plan) == [*LLAMA, "tokenrouterd_int8+int4", "tokenrouterd_int4",
+                              "std_large_int4", "tokenrouterd_int8"]  # fmt: skip
 
 
 def test_systems_picks_the_named_ones_in_the_plans_order_and_refuses_others(
@@ -89,6 +90,11 @@ def test_one_system_is_measured_at_each_n_of_its_plan(
     assert {k: v for k, v in std.items() if k not in ("models", "policy")} == {
         k: v for k, v in ours.items() if k not in ("models", "policy")
     }
+    mixed = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=("none,int8",),
+                         alone=())  # fmt: skip
+    ((pair_cfg, _),) = systems(mixed, "tiny", CACHE_DIR).values()  # each model its own mode
+    assert [m.get("quantization") for m in pair_cfg["models"]] == ["none", "int8"]
+    assert names_of(mixed) == ["tokenrouterd_none+int8"]
     plan = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=(), alone=("none",))
     server = start(tmp_path)
     try:

@@ -221,7 +221,7 @@ def test_demo_large_share_is_checked(capsys: pytest.CaptureFixture[str]) -> None
 def test_demo_weights_default_per_pair_and_quantization_goes_with_demo(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert DEMO_QUANTIZATION == {"qwen": "int8", "tiny": "none"}  # --demo's default
+    assert DEMO_QUANTIZATION == {"qwen": "int8,int4", "tiny": "none"}  # --demo's default
     assert daemon_main(["--demo", "tiny", "--check"]) == 0
     assert "quantization" not in capsys.readouterr().out  # the fixtures as built
     assert daemon_main(["--demo", "tiny", "--quantization", "int8", "--check"]) == 0
@@ -233,6 +233,15 @@ def test_demo_weights_default_per_pair_and_quantization_goes_with_demo(
         daemon_main(["--config", "x.yaml", "--quantization", "int8"])
     assert exc.value.code == 2
     assert "--quantization goes with --demo" in capsys.readouterr().err
+    # SMALL,LARGE: each model its own; anything else is refused before a model is built
+    assert daemon_main(["--demo", "tiny", "--quantization", "none,int4", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "model 'large' quantization int4" in out and "model 'small' quantization" not in out
+    for spec in ("int8,int2", "int8,int4,none", "", "INT8"):
+        with pytest.raises(SystemExit) as exc:
+            daemon_main(["--demo", "tiny", "--quantization", spec, "--check"])
+        assert exc.value.code == 2
+        assert f"--quantization: {spec!r} is not MODE or SMALL,LARGE" in capsys.readouterr().err
 
 
 def test_plan_caps_cpu_kv_and_sizes_every_engine(raw: dict[str, Any]) -> None:

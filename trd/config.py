@@ -86,7 +86,7 @@ class DemoModels(Protocol):
     def dtype(self) -> str: ...
 
     @property
-    def quantization(self) -> str: ...
+    def modes(self) -> dict[str, str]: ...  # quantization by model name
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +227,7 @@ class Config:
                     "name": name,
                     "path": str(pair.models[name]),
                     "dtype": pair.dtype,
-                    "quantization": pair.quantization,
+                    "quantization": pair.modes[name],
                 }
                 for name in ("small", "large")
             ],

@@ -90,11 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
                    "by moving R-Stitch's threshold (default: fixed, 10-30%%)")  # fmt: skip
-    p.add_argument("--quantization", choices=("none", "int8", "int4"),
-                   help="--demo: the pair's weights (default: int8 for qwen, none for tiny; "
-                   "qwen: imported from the GGUF blocks into their own cache folders, none = "
-                   "bfloat16; int4 = 4 bits where the file has at most 5, as "
-                   "docs/quantization.md says)")  # fmt: skip
+    p.add_argument("--quantization", metavar="MODE|SMALL,LARGE",
+                   help="--demo: the pair's weights, none, int8 or int4, for both or per "
+                   "model (default: int8,int4 for qwen, the fastest whose HumanEval score "
+                   "holds; none for tiny; qwen: imported from the GGUF blocks into their own "
+                   "cache folders, none = bfloat16; int4 = 4 bits where the file has at "
+                   "most 5, as docs/quantization.md says)")  # fmt: skip
     p.add_argument("--api-key-file", type=Path, metavar="FILE",
                    help="API keys, one a line, that the OpenAI endpoint wants as "
                    "'Authorization: Bearer KEY' (the config's api_key_file; $TRD_API_KEY "
@@ -118,6 +119,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--large-share goes with --demo (with --config: policy.target_large_share)")
     if args.quantization is not None and args.demo is None:
         p.error("--quantization goes with --demo (with --config: models[].quantization)")
+    if args.quantization is not None:
+        from trd.demo.pair import pair_modes
+
+        try:
+            pair_modes(args.quantization)
+        except ValueError as exc:
+            p.error(f"--quantization: {exc}")
     return args
 
 

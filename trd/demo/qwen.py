@@ -173,14 +173,18 @@ def ensure_gguf(role: str, cache_dir: Path | None = None) -> Path:
     return path
 
 
-def ensure_qwen_pair(cache_dir: Path | None = None, quantization: str = "none") -> dict[str, Path]:
-    """{"small": the 0.5B's folder, "large": the 1.5B's}, each built once into the cache."""
+def ensure_qwen_pair(
+    cache_dir: Path | None = None, modes: dict[str, str] | None = None
+) -> dict[str, Path]:
+    """{"small": the 0.5B's folder, "large": the 1.5B's}, each built once into the cache in
+    its mode (`modes`, by role: none, int8 or int4; default none)."""
     base = cache_base(cache_dir)
-    names = {role: folder_name(role, quantization) for role in PARTS}
+    modes = {role: (modes or {}).get(role, "none") for role in PARTS}
+    names = {role: folder_name(role, modes[role]) for role in PARTS}
     # Every missing part is named at once, before minutes go into importing the other model.
     require_installed(*(PARTS[r] for r in PARTS if not is_complete(base / names[r], MODEL_FILES)))
-    size = IMPORTED_BYTES[quantization]
+    sizes = {role: IMPORTED_BYTES[modes[role]][role] for role in PARTS}
     return {
-        role: ensure_model(PARTS[role], names[role], size[role], cache_dir, quantization)
+        role: ensure_model(PARTS[role], names[role], sizes[role], cache_dir, modes[role])
         for role in PARTS
     }

@@ -34,7 +34,7 @@ from trd.bench import datasets, llamacpp
 from trd.bench.result import Result
 from trd.bench.serve import add_load_args, measure
 from trd.bench.server import Server, daemon_config, serve_config
-from trd.demo.pair import ensure_demo_pair
+from trd.demo.pair import ensure_demo_pair, pair_modes
 
 START_TIMEOUT_S = 1200.0  # the demo pair's two engines load 4.5 GB on a busy 2-core host
 
@@ -50,10 +50,10 @@ class BaselinePlan:
 
 
 BASELINES = {
-    # 16 code prompts, 256 tokens: the demo's weights (int4) and int8; about 45 minutes on 2
-    # cores (--systems runs some of them)
-    # (`tokenrouterd bench step` compares bfloat16, int8 and int4 step by step)
-    "baseline": BaselinePlan((1, 16), 16, 256, True, ("int4", "int8"), ("int4",)),
+    # 16 code prompts, 256 tokens: the demo's weights (int8,int4: the 0.5B in int8, the 1.5B
+    # in int4), both models in int4 and in int8; about an hour on 2 cores (--systems runs
+    # some of them) (`tokenrouterd bench step` compares bfloat16, int8 and int4 step by step)
+    "baseline": BaselinePlan((1, 16), 16, 256, True, ("int8,int4", "int4", "int8"), ("int4",)),
     "baseline_smoke": BaselinePlan((1, 2), 2, 8, False, ("none", "int8"), ("none",)),
 }
 LLAMA = {
@@ -64,8 +64,10 @@ LLAMA = {
 
 
 def ours(quant: str) -> tuple[str, str]:
-    """The names of our routed pair and of our 1.5B alone in `quant` weights."""
-    return f"tokenrouterd_{quant}", f"std_large_{quant}"
+    """The names of our routed pair and of our 1.5B alone in `quant` weights (a spec
+    SMALL,LARGE names both: tokenrouterd_int8+int4, std_large_int4)."""
+    modes = pair_modes(quant)
+    return f"tokenrouterd_{quant.replace(',', '+')}", f"std_large_{modes['large']}"
 
 
 def names_of(plan: BaselinePlan) -> list[str]:
@@ -109,7 +111,7 @@ def systems(
         common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
                                   "max_model_len": demo.max_model_len}  # fmt: skip
         if pair == "tiny" and quant != "none":  # the fixtures are quantised at load
-            common["per_model"] = {n: {"quantization": quant} for n in demo.models}
+            common["per_model"] = {n: {"quantization": demo.modes[n]} for n in demo.models}
         if routed in chosen:
             policy = {"name": "rstitch", "threshold": demo.threshold}
             daemons[routed] = daemon_config(demo.models, policy, **common)
