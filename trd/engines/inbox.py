@@ -64,7 +64,9 @@ class Inbox:
 
     def _submit(self, msg: Submit) -> None:
         if msg.rid in self.out.finished or msg.rid in self.requests:
-            self.stats.prefills_late += self.out.index != 0
+            # Late: counted where it would have been prefilled ahead (a short prompt's
+            # Submit behind its handoff had been counted too, one more than the aheads)
+            self.stats.prefills_late += self.out.index != 0 and self._keeps(msg)
             return
         if self.out.index != msg.params.routing.model and self.out.index != 0:
             self._prefill_ahead(msg)
@@ -80,10 +82,15 @@ class Inbox:
         req.runnable_since = time.perf_counter()
         self._sync_grammar(req)
 
-    def _prefill_ahead(self, msg: Submit) -> None:
+    def _keeps(self, msg: Submit) -> bool:
+        """Whether a prefill ahead of `msg` has something to keep: a cache to keep it in
+        and at least one whole block."""
         cache = self.engine.scheduler.cache
-        if cache is None or len(msg.prompt) <= cache.page_size:
-            return  # no cache to keep it in, or not one whole block to keep
+        return cache is not None and len(msg.prompt) > cache.page_size
+
+    def _prefill_ahead(self, msg: Submit) -> None:
+        if not self._keeps(msg):
+            return
         try:
             self.engine.add_request(msg.prompt.tolist(), msg.params, rid=msg.rid)
         except Exception as exc:  # the entry engine answers for the request

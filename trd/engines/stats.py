@@ -9,8 +9,8 @@ stretch, however long: steps, request-rows forwarded (`rows`), seconds in forwar
 seconds spent on grammar masks (`mask_s`, part of `busy_s`), prompts taken to prefill
 ahead of their requests (`prefills_ahead`, engine.prefill_ahead), those of them that
 became their request, its handoff arriving while they ran (`prefills_adopted`), and the
-prompts that came too late to prefill ahead, their request already here or finished
-(`prefills_late`: the Submit and the first handoff travel by different links).
+prompts long enough to prefill ahead that came too late, their request already here or
+finished (`prefills_late`: the Submit and the first handoff travel by different links).
 `handoff_s` holds the latest handoff latencies; `handoffs_in` counts them all. Of the
 committed tokens and arrivals, `tokens_committed_own` and `handoffs_in_own` count those
 of requests with their own routing (`routing` in the request), which the daemon's share
