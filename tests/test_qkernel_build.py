@@ -5,7 +5,6 @@ served them."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -41,8 +40,7 @@ def test_this_hosts_build_gives_the_plain_builds_bits(tmp_path: Path) -> None:
     plain_path = tmp_path / "plain.so"
     cxx = qkernel._compiler()
     assert cxx is not None
-    subprocess.run([cxx, *qkernel.FLAGS, *map(str, qkernel.SOURCES), "-o", str(plain_path)],
-                   check=True)  # fmt: skip
+    qkernel.compile_library(cxx, qkernel.FLAGS, plain_path)
     plain = qkernel.Kernel(plain_path)
     gen = torch.Generator().manual_seed(0)
     for bits in (4, 8):

@@ -165,6 +165,15 @@ def _target(cxx: str) -> Path:
     return cache_base() / "kernels" / f"qkernel-{digest.hexdigest()[:16]}.so"
 
 
+def compile_library(cxx: str, flags: tuple[str, ...], out: Path) -> None:
+    """The library's sources compiled with `flags` into `out`; OSError with the compiler's
+    message if it fails."""
+    done = subprocess.run([cxx, *flags, *map(str, SOURCES), "-o", str(out)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise OSError(f"{cxx} failed on {SOURCES[0].parent}: {done.stderr[-2000:]}")
+
+
 def _build(cxx: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
@@ -174,10 +183,7 @@ def _build(cxx: str, target: Path) -> None:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            done = subprocess.run([cxx, *_flags(), *map(str, SOURCES), "-o", tmp],
-                                  capture_output=True, text=True)  # fmt: skip
-            if done.returncode:
-                raise OSError(f"{cxx} failed on {SOURCES[0].parent}: {done.stderr[-2000:]}")
+            compile_library(cxx, _flags(), Path(tmp))
             os.chmod(tmp, 0o755)
             os.replace(tmp, target)
             log.info("built the quantised-linear kernel: %s", target)
