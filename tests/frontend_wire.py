@@ -74,10 +74,12 @@ def post(
     detached: State | None = None,
     failing: int | None = None,
     policy: str = "rstitch",
+    share: float | None = None,
 ) -> Answer:
     """Serve one request while `busy` others are in flight; `detached`: the hub has let
     the engines go into that state; `failing`: the engine request (1 = the first of this
-    request) that fails after one token; `policy`: the daemon's routing policy."""
+    request) that fails after one token; `policy`: the daemon's routing policy; `share`: its
+    policy.request_large_share."""
 
     async def run() -> Answer:
         hub, group = Hub(max_inflight), WireGroup(None if failing is None else busy + failing)
@@ -87,7 +89,7 @@ def post(
             del group.submits[:busy]
         if detached is not None:
             hub.detach(detached, f"test: {detached}")
-        served = Served(["small", "large"], encoder, CONTEXT, VOCAB, 0, policy)
+        served = Served(["small", "large"], encoder, CONTEXT, VOCAB, 0, policy, share)
         metrics = Metrics(dict, hub.gens.values, served.model_id, ())
         app = OpenAIApi(served, hub, metrics, max_stored_responses=8).app()
         async with test_utils.TestClient(test_utils.TestServer(app)) as client:

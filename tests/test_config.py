@@ -16,9 +16,15 @@ import yaml
 
 from trd.config import Address, Config, ConfigError, from_dict, load_config
 from trd.config_reader import Section
-from trd.daemon import EXIT_CONFIG
+from trd.daemon import EXIT_CONFIG, _config, parse_args
 from trd.daemon import main as daemon_main
-from trd.demo.pair import DEMO_QUANTIZATION, MAX_MODEL_LEN, RSTITCH_TAU, ensure_demo_pair
+from trd.demo.pair import (
+    DEMO_QUANTIZATION,
+    MAX_MODEL_LEN,
+    REQUEST_SHARE,
+    RSTITCH_TAU,
+    ensure_demo_pair,
+)
 from trd.memplan.plan import PlanError
 from trd.supervisor.deployment import plan_deployment, resolve_device
 
@@ -203,6 +209,12 @@ def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, 
     )  # fmt: skip
     held = Config.demo(pair, 9000, large_share=0.7)
     assert held.policy.params == {"threshold": RSTITCH_TAU["tiny"], "target_large_share": 0.7}
+    # qwen's requests hold 0.3 each unless they route themselves; the share control replaces it
+    assert (REQUEST_SHARE, pair.request_share) == ({"qwen": 0.3, "tiny": None}, None)
+    shared = dataclasses.replace(pair, request_share=0.3)
+    assert Config.demo(shared, 9000).policy.params == {
+        "threshold": RSTITCH_TAU["tiny"], "request_large_share": 0.3}  # fmt: skip
+    assert "request_large_share" not in Config.demo(shared, 9000, 0.7).policy.params
     assert [m.dtype for m in cfg.models] == ["float32", "float32"]
     # The pair says the dtype it is served in: the Qwen demo pair's bfloat16 checkpoints.
     served = Config.demo(dataclasses.replace(pair, dtype="bfloat16"), 9000)
@@ -212,10 +224,27 @@ def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, 
 def test_demo_large_share_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert daemon_main(["--demo", "tiny", "--large-share", "1.5", "--check"]) == EXIT_CONFIG
     assert "policy.target_large_share: 1.5" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exc:
-        daemon_main(["--config", "x.yaml", "--large-share", "0.5"])
-    assert exc.value.code == 2
-    assert "--large-share goes with --demo" in capsys.readouterr().err
+    refused = [
+        (["--config", "x.yaml", "--large-share", "0.5"], "--large-share goes with --demo"),
+        (["--config", "x.yaml", "--request-share", "0.5"], "--request-share goes with --demo"),
+        (["--demo", "--request-share", "1"], "'1' is not a share in (0, 1) or off"),
+        (["--demo", "--request-share", "0"], "'0' is not a share"),
+        (["--demo", "--request-share", "nan"], "'nan' is not a share"),
+        (["--demo", "--request-share", "none"], "'none' is not a share"),
+        (["--demo", "--request-share", "0.2", "--large-share", "0.2"], "not both"),
+    ]
+    for argv, message in refused:
+        with pytest.raises(SystemExit) as exc:
+            daemon_main(argv)
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err, argv
+
+
+def test_demo_request_share_reaches_the_config() -> None:
+    cfg = _config(parse_args(["--demo", "tiny", "--request-share", "0.25"]))
+    assert cfg.policy.params["request_large_share"] == 0.25
+    assert "request_large_share" not in _config(parse_args(["--demo", "tiny"])).policy.params
+    assert parse_args(["--demo", "--request-share", "off"]).request_share == 0.0  # None: qwen's
 
 
 def test_demo_weights_default_per_pair_and_quantization_goes_with_demo(

@@ -2,9 +2,10 @@
 float64, R-Stitch) and the official openai client (`extra_body`).
 
 Each routing gives the reference loop's tokens and producers (a share held within the
-request, a threshold of its own, one model for every token) streamed or not, several
-clients at once; each choice reports who wrote it and /metrics counts its share; a
-routing the daemon cannot honour is a 400 naming the field. Priority: with the large
+request, a threshold of its own, one model for every token, and none: the daemon's
+`policy.request_large_share`) streamed or not, several clients at once; each choice
+reports who wrote it and /metrics counts its share; a routing the daemon cannot honour is
+a 400 naming the field. Priority: with the large
 engine stopped (SIGSTOP) while four requests wait for their handoff to it, it admits them
 by priority, ties by arrival (one at a time: engine.max_batch_size 1), whatever order they
 came in; the daemon's log shows the order they finished in.
@@ -32,7 +33,9 @@ from trd.testing.reference import ReferenceRouter
 from daemon_fixture import Daemon, launch_daemon, wait_serving, write_config
 
 NAMES = ["small", "large"]
-POLICY: dict[str, Any] = {"name": "rstitch", "threshold": 0.78}
+DEFAULT_SHARE = 0.5  # what a request without `routing` holds within itself
+POLICY: dict[str, Any] = {"name": "rstitch", "threshold": 0.78,
+                          "request_large_share": DEFAULT_SHARE}  # fmt: skip
 PROMPTS = ["def parse(", "The quick brown fox", "import os\n\n"]
 MAX_TOKENS = 24
 ROUTINGS: dict[str, dict[str, Any]] = {
@@ -40,6 +43,8 @@ ROUTINGS: dict[str, dict[str, Any]] = {
     "threshold": {"threshold": 0.9},
     "large": {"model": "large"},
     "small": {"model": "small"},
+    "policy": {"threshold": POLICY["threshold"]},  # the daemon's threshold, asked for
+    "default": {},  # no routing field at all: the daemon's request_large_share
 }
 Expected = dict[tuple[str, str], tuple[str, dict[str, int]]]
 
@@ -65,6 +70,7 @@ def oracle(launched: Daemon, tiny_models: dict[str, Path]) -> Expected:
     out: Expected = {}
     for name, routing in ROUTINGS.items():
         own = {**routing, "model": NAMES.index(routing["model"])} if "model" in routing else routing
+        own = own or {"large_share": DEFAULT_SHARE}
         params = SamplingParams(MAX_TOKENS, ignore_eos=True, routing=RoutingParams(**own))
         for prompt in PROMPTS:
             trace = ref.run(tok.encode(prompt), params)
@@ -82,7 +88,7 @@ def complete(d: Daemon, prompt: str, stream: bool, **body: Any) -> tuple[str, di
     """The text and the one choice's routing fields (a stream: its last chunk's)."""
     kw: dict[str, Any] = {"model": d.model, "prompt": prompt, "max_tokens": MAX_TOKENS}
     kw["temperature"] = 0
-    extra = {"ignore_eos": True, **body}
+    extra = {"ignore_eos": True, **{k: v for k, v in body.items() if v != {}}}
     if not stream:
         resp = d.client().completions.create(**kw, extra_body=extra)
         return resp.choices[0].text, resp.choices[0].model_extra or {}
@@ -110,6 +116,10 @@ def test_every_routing_gives_the_oracle_s_tokens_and_reports_them(
     assert pinned == {"large": {"small": 0, "large": MAX_TOKENS},
                       "small": {"small": MAX_TOKENS, "large": 0}}  # fmt: skip
     assert any(0 < oracle["share", p][1]["large"] < MAX_TOKENS for p in PROMPTS)
+    # A request without routing holds the daemon's share, not the policy's threshold alone
+    default = [oracle["default", p][1]["large"] for p in PROMPTS]
+    assert default != [oracle["policy", p][1]["large"] for p in PROMPTS]
+    assert all(abs(n - DEFAULT_SHARE * MAX_TOKENS) <= 3 for n in default), default
     _, text = daemon.get("/metrics")
     count = re.search(r"^trd_request_large_share_count (\S+)$", text, re.M)
     assert count is not None and float(count.group(1)) >= len(jobs)

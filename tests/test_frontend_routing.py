@@ -41,6 +41,28 @@ def test_routing_reaches_the_engines(
         assert ans.submits[0].params.routing == routing
 
 
+# With policy.request_large_share 0.3: what a request that asks nothing gets instead
+DEFAULTED = [
+    ({}, RoutingParams(large_share=0.3)),
+    ({"routing": None}, RoutingParams(large_share=0.3)),
+    ({"routing": {}}, RoutingParams(large_share=0.3)),
+    ({"routing": {"threshold": None}}, RoutingParams(large_share=0.3)),
+    ({"routing": {"large_share": 0.05}}, RoutingParams(large_share=0.05)),
+    ({"routing": {"threshold": 0.1}}, RoutingParams(threshold=0.1)),
+    ({"routing": {"model": "small"}}, RoutingParams(model=0)),
+]
+
+
+@pytest.mark.parametrize(("fields", "routing"), DEFAULTED)
+def test_the_daemon_s_request_share_is_the_default_routing(
+    encoder: PromptEncoder, fields: dict[str, Any], routing: RoutingParams
+) -> None:
+    for path, body in BODIES:
+        ans = post(encoder, path, body(**fields), share=0.3)
+        assert ans.status == 200, ans.body
+        assert ans.submits[0].params.routing == routing
+
+
 @pytest.mark.parametrize("priority", [None, LOW, -1, 0, 7, HIGH])
 def test_priority_reaches_the_engines(encoder: PromptEncoder, priority: int | None) -> None:
     for path, body in BODIES:

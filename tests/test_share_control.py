@@ -24,7 +24,14 @@ from typing import Any
 import pytest
 
 from trd.cli import format_status, request
-from trd.policies.params import THRESHOLDS, PolicyError, parse_policy
+from trd.policies.params import (
+    THRESHOLDS,
+    PolicyError,
+    PolicySpec,
+    parse_policy,
+    request_share,
+    target_share,
+)
 from trd.supervisor.share import ShareControl
 from trd.testing.tinymodels.corpus import corpus
 
@@ -131,6 +138,20 @@ def test_target_share_is_checked_with_the_policy() -> None:
         parse_policy("rstitch", {"target_large_share": 1.2}, num_models=2)
     with pytest.raises(PolicyError, match=r"policy.target_large_share: .*unknown parameter"):
         parse_policy("scripted", {"schedule": [0, 1], "target_large_share": 0.2}, num_models=2)
+
+
+def test_request_share_is_checked_with_the_policy() -> None:
+    spec = PolicySpec("citer", {"head": "h", "request_large_share": 0.3})
+    assert (request_share(spec), target_share(spec)) == (0.3, None)
+    parse_policy("rstitch", {"threshold": 0.1, "request_large_share": 0.3}, num_models=2)
+    for bad in (0, 1, True, "0.3"):
+        with pytest.raises(PolicyError, match=r"policy.request_large_share: .*strictly between"):
+            parse_policy("rstitch", {"request_large_share": bad}, num_models=2)
+    with pytest.raises(PolicyError, match=r"policy.request_large_share: .*unknown parameter"):
+        parse_policy("ensemble", {"request_large_share": 0.2}, num_models=2)
+    both = {"target_large_share": 0.2, "request_large_share": 0.3}
+    with pytest.raises(PolicyError, match=r"request_large_share: 0.3: give it or target_large"):
+        parse_policy("rstitch", both, num_models=2)
 
 
 def workload(rng: random.Random, docs: list[str]) -> dict[str, Any]:

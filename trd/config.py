@@ -21,7 +21,8 @@
                                     prompt as it arrives (default: engine.prefill_ahead)
     remote_token: a secret both hosts share (required with a remote model)
     policy: {name: rstitch, <the policy's params: trd/policies/params.py>,
-             target_large_share: 0 < s < 1 (a policy with a threshold: held by the daemon)}
+             target_large_share: 0 < s < 1 (a policy with a threshold: held by the daemon)
+             or request_large_share: 0 < s < 1 (held within each request without routing)}
     batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
     engine: {<trd/engines/spec.py EngineSettings: each key, default and check>}
     shutdown: {grace_s: 30}         restart: {max_retries: 3, backoff_s: 1.0}
@@ -76,8 +77,7 @@ class DemoModels(Protocol):
     @property
     def models(self) -> dict[str, Path]: ...
 
-    @property
-    def threshold(self) -> float: ...
+    def policy(self, large_share: float | None = None) -> dict[str, Any]: ...
 
     @property
     def max_model_len(self) -> int: ...
@@ -209,12 +209,9 @@ class Config:
 
     @classmethod
     def demo(cls, pair: DemoModels, port: int, large_share: float | None = None) -> Config:
-        """The `--demo` setup: the pair with R-Stitch on CPU, admin on port + 1 (port 0:
-        both on free ports the OS picks); with `large_share`, the share control holds the
-        large model's share there."""
-        policy: dict[str, Any] = {"name": "rstitch", "threshold": pair.threshold}
-        if large_share is not None:
-            policy["target_large_share"] = large_share
+        """The `--demo` setup: the pair with its policy (`DemoPair.policy`: with
+        `large_share`, the share control holds the large model's share) on CPU, admin on
+        port + 1 (port 0: both on free ports the OS picks)."""
         raw = {
             "listen": f"127.0.0.1:{port}",
             "admin": f"127.0.0.1:{port + 1 if port else 0}",
@@ -231,7 +228,7 @@ class Config:
                 }
                 for name in ("small", "large")
             ],
-            "policy": policy,
+            "policy": pair.policy(large_share),
             "shutdown": {"grace_s": 5},
         }
         return from_dict(raw, Path.cwd())

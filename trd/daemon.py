@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import ssl
@@ -45,6 +46,7 @@ from trd.frontend.tokens import PromptEncoder
 from trd.logs import StderrTap, exit_now, setup_logging
 from trd.memplan.plan import PlanError
 from trd.mps.manager import MpsError, MpsManager
+from trd.policies.params import request_share
 from trd.sdnotify import Notifier, write_ready_file
 from trd.supervisor.control import Controllers
 from trd.supervisor.deployment import Deployment, plan_deployment, quantization_lines
@@ -87,9 +89,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000,
                    help="--demo: HTTP port (admin: port + 1; 0: both on free ports, see "
                    "--ready-file)")  # fmt: skip
+    p.add_argument("--request-share", type=_share_or_off, metavar="SHARE|off",
+                   help="--demo: the large model's share of each request's tokens, held within "
+                   "the request unless it brings its own routing (default: 0.3 for qwen, off "
+                   "for tiny; off: R-Stitch's fixed threshold alone)")  # fmt: skip
     p.add_argument("--large-share", type=float, metavar="SHARE",
-                   help="--demo: hold the large model's share of the tokens at SHARE (0..1) "
-                   "by moving R-Stitch's threshold (default: fixed, 10-30%%)")  # fmt: skip
+                   help="--demo: hold the large model's share of all tokens at SHARE (0..1) by "
+                   "moving R-Stitch's threshold (the share control), instead of each "
+                   "request's")  # fmt: skip
     p.add_argument("--quantization", metavar="MODE|SMALL,LARGE",
                    help="--demo: the pair's weights, none, int8 or int4, for both or per "
                    "model (default: int8,int4 for qwen, the fastest whose HumanEval score "
@@ -117,6 +124,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--port: {args.port} is not in 0..65534 (0: any free ports, see --ready-file)")
     if args.large_share is not None and args.demo is None:
         p.error("--large-share goes with --demo (with --config: policy.target_large_share)")
+    if args.request_share is not None and args.demo is None:
+        p.error("--request-share goes with --demo (with --config: policy.request_large_share)")
+    if args.request_share is not None and args.large_share is not None:
+        p.error("give --large-share (all traffic's share) or --request-share (each "
+                "request's), not both")  # fmt: skip
     if args.quantization is not None and args.demo is None:
         p.error("--quantization goes with --demo (with --config: models[].quantization)")
     if args.quantization is not None:
@@ -129,6 +141,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _share_or_off(text: str) -> float:
+    """--request-share's value: a share strictly between 0 and 1, or off (0.0)."""
+    if text == "off":
+        return 0.0
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0 < share < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share in (0, 1) or off")
+    return share
+
+
 def _config(args: argparse.Namespace) -> Config:
     if args.demo is None:
         cfg = load_config(args.config)
@@ -138,6 +163,8 @@ def _config(args: argparse.Namespace) -> Config:
 
         quantization = args.quantization or DEMO_QUANTIZATION[args.demo]
         pair = ensure_demo_pair(args.demo, quantization=quantization)
+        if args.request_share is not None:  # 0.0: off
+            pair = replace(pair, request_share=args.request_share or None)
         cfg = Config.demo(pair, args.port, args.large_share)
     flags = {"api_key_file": args.api_key_file, "ssl_certfile": args.ssl_certfile,
              "ssl_keyfile": args.ssl_keyfile}  # fmt: skip
@@ -313,6 +340,7 @@ class Daemon:
             vocab_size=entry.checkpoint.vocab_limit,
             created=int(time.time()),
             policy=self.cfg.policy.name,
+            share=request_share(self.cfg.policy),
         )
 
     async def _open(

@@ -68,6 +68,7 @@ class Served:
     vocab_size: int  # ids the tokenizer defines (Checkpoint.vocab_limit), not embedding rows
     created: int
     policy: str  # the routing policy's name: what a request's own `routing` may ask
+    share: float | None = None  # policy.request_large_share: held by requests that ask none
 
     @property
     def model_id(self) -> str:
@@ -75,7 +76,7 @@ class Served:
 
     @property
     def rules(self) -> RoutingRules:
-        return RoutingRules(self.policy, tuple(self.names))
+        return RoutingRules(self.policy, tuple(self.names), self.share)
 
 
 @dataclass(slots=True)

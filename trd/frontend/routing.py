@@ -8,6 +8,10 @@
     "routing": {"model": "large"}      this model writes every token, as if served alone
     "priority": -1                     vLLM's: lower first in every engine's queue
 
+A request without `routing` (or with `"routing": {}`) gets the daemon's: its policy as
+configured, or, with `policy.request_large_share: s`, `{"large_share": s}` (the demo's
+default: trd/demo/pair.py).
+
 The schema (trd/frontend/schema.py: Routing, RoutingFields) checks the types and the ranges
 that hold everywhere; here what depends on the daemon: whether its policy has a threshold
 to steer (trd/policies/params.py: THRESHOLDS; scripted and ensemble have none), that
@@ -28,12 +32,14 @@ from trd.protocol import NO_ROUTING, RoutingParams
 class RoutingRules:
     policy: str  # the daemon's policy
     names: tuple[str, ...]  # the served models, entry first
+    share: float | None = None  # policy.request_large_share: a request's unless it asks
 
     def params(self, req: RoutingFields) -> RoutingParams:
         """The engines' RoutingParams for `req`'s `routing`; ApiError (400) naming the key."""
         asked = req.routing
+        default = NO_ROUTING if self.share is None else RoutingParams(large_share=self.share)
         if asked is None:
-            return NO_ROUTING
+            return default
         if asked.model is not None:
             if asked.model not in self.names:
                 served = ", ".join(self.names)
@@ -41,7 +47,7 @@ class RoutingRules:
             return RoutingParams(model=self.names.index(asked.model))
         key = "large_share" if asked.large_share is not None else "threshold"
         if asked.large_share is None and asked.threshold is None:
-            return NO_ROUTING  # "routing": {}
+            return default  # "routing": {}
         scale = THRESHOLDS.get(self.policy)
         if scale is None:
             raise bad(f"routing.{key}", f"the policy {self.policy!r} has no threshold to steer "

@@ -3,8 +3,11 @@
 The config reader checks `policy:` here at start (and `tokenrouterd --check`), so a
 typo or an out-of-range value is refused with its key before any engine loads; the
 engines build their policy from the same checked object. A policy with a threshold
-(THRESHOLDS) also takes `target_large_share`, which the daemon's share control reads
-(trd/supervisor/share.py); the policy itself never sees it.
+(THRESHOLDS) also takes one of two shares, read above the policy, which never sees them:
+`target_large_share`, which the daemon's share control holds over all traffic by moving
+the threshold (trd/supervisor/share.py), or `request_large_share`, which every request
+that brings no `routing` of its own holds within itself, as if it had sent
+`routing.large_share` (trd/policies/budget.py; trd/frontend/routing.py).
 """
 
 from __future__ import annotations
@@ -156,6 +159,8 @@ THRESHOLDS = {
     "glimp": ThresholdScale(0.0, GLIMP_MAX_H, False),  # large writes when entropy >= tau
 }
 TARGET_KEY = "target_large_share"
+REQUEST_KEY = "request_large_share"
+SHARE_KEYS = (TARGET_KEY, REQUEST_KEY)
 
 
 def parse_policy(name: str, raw: dict[str, Any], num_models: int) -> Params:
@@ -163,19 +168,33 @@ def parse_policy(name: str, raw: dict[str, Any], num_models: int) -> Params:
     if name not in PARAMS:
         raise _fail("name", name, f"unknown policy (choose from {sorted(PARAMS)})")
     cls = PARAMS[name]
-    known = {f.name for f in fields(cls)} | ({TARGET_KEY} if name in THRESHOLDS else set())
+    known = {f.name for f in fields(cls)} | (set(SHARE_KEYS) if name in THRESHOLDS else set())
     for key in raw:
         if key not in known:
             raise _fail(str(key), raw[key], f"unknown parameter of {name} (known: {sorted(known)})")
-    target_share(PolicySpec(name, raw))
-    return cls(**{k: v for k, v in raw.items() if k != TARGET_KEY}).check(num_models)
+    spec = PolicySpec(name, raw)
+    shares = target_share(spec), request_share(spec)  # each checked
+    if None not in shares:
+        why = f"give it or {TARGET_KEY}, not both (a request's own share replaces the threshold"
+        raise _fail(REQUEST_KEY, raw[REQUEST_KEY], why + " the share control moves)")
+    return cls(**{k: v for k, v in raw.items() if k not in SHARE_KEYS}).check(num_models)
 
 
 def target_share(spec: PolicySpec) -> float | None:
     """The large model's share of committed tokens the daemon holds, if asked (else None)."""
-    value = spec.params.get(TARGET_KEY)
+    return _share(spec, TARGET_KEY)
+
+
+def request_share(spec: PolicySpec) -> float | None:
+    """The large model's share each request without `routing` holds within itself, if
+    asked (else None)."""
+    return _share(spec, REQUEST_KEY)
+
+
+def _share(spec: PolicySpec, key: str) -> float | None:
+    value = spec.params.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
-        raise _fail(TARGET_KEY, value, "expected a number strictly between 0 and 1")
+        raise _fail(key, value, "expected a number strictly between 0 and 1")
     return float(value)

@@ -5,7 +5,7 @@ would compare them, on the same code prompts through the same client.
     llama_server_small              llama-server, the 0.5B alone
     llama_server_large+draft_small  llama-server, the 1.5B with the 0.5B as draft (-md)
     tokenrouterd_Q                  our daemon with the demo's config (`--demo
-                                    --quantization Q`'s: R-Stitch at the demo's threshold),
+                                    --quantization Q`'s policy: DemoPair.policy),
                                     for each Q of the plan (none: bfloat16 weights;
                                     baseline: the demo's int4, and int8)
     std_large_Q                     standard serving of the 1.5B in our engine: the daemon
@@ -113,8 +113,7 @@ def systems(
         if pair == "tiny" and quant != "none":  # the fixtures are quantised at load
             common["per_model"] = {n: {"quantization": demo.modes[n]} for n in demo.models}
         if routed in chosen:
-            policy = {"name": "rstitch", "threshold": demo.threshold}
-            daemons[routed] = daemon_config(demo.models, policy, **common)
+            daemons[routed] = daemon_config(demo.models, demo.policy(), **common)
         if alone in chosen:
             large = {"large": demo.models["large"]}
             daemons[alone] = daemon_config(large, {"name": "rstitch"}, **common)
