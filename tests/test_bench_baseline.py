@@ -23,6 +23,7 @@ from trd.bench.compare.baseline import (
     table,
 )
 from trd.bench.compare.cli import main
+from trd.demo.pair import RSTITCH_TAU
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 
@@ -50,10 +51,12 @@ def test_the_table_says_which_answers_kept_their_text_across_n() -> None:
 def test_the_baseline_plan_is_the_issues_table() -> None:
     plan = BASELINES["baseline"]
     assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 256, True)
-    assert (plan.routed, plan.alone) == (("int8,int4", "int4", "int8"), ("int4",))
+    assert (plan.routed, plan.alone, plan.shares) == (("int8,int4", "int4", "int8"), ("int4",),
+                                                      (0.3,))  # fmt: skip
     assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
                      "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
-    assert names_of(plan) == [*LLAMA, "tokenrouterd_int8+int4", "tokenrouterd_int4",
+    demo = "tokenrouterd_int8+int4"
+    assert names_of(plan) == [*LLAMA, demo, f"{demo}@share0.3", "tokenrouterd_int4",
                               "std_large_int4", "tokenrouterd_int8"]  # fmt: skip
 
 
@@ -95,6 +98,13 @@ def test_one_system_is_measured_at_each_n_of_its_plan(
     ((pair_cfg, _),) = systems(mixed, "tiny", CACHE_DIR).values()  # each model its own mode
     assert [m.get("quantization") for m in pair_cfg["models"]] == ["none", "int8"]
     assert names_of(mixed) == ["tokenrouterd_none+int8"]
+    shared = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=("none",),
+                          alone=(), shares=(0.5,))  # fmt: skip
+    found = systems(shared, "tiny", CACHE_DIR)
+    assert list(found) == ["tokenrouterd_none", "tokenrouterd_none@share0.5"]
+    policies = [cfg["policy"] for cfg, _ in found.values()]
+    assert [p.get("request_large_share") for p in policies] == [None, 0.5]
+    assert {p["threshold"] for p in policies} == {RSTITCH_TAU["tiny"]}
     plan = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=(), alone=("none",))
     server = start(tmp_path)
     try:

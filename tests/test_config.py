@@ -21,7 +21,6 @@ from trd.daemon import main as daemon_main
 from trd.demo.pair import (
     DEMO_QUANTIZATION,
     MAX_MODEL_LEN,
-    REQUEST_SHARE,
     RSTITCH_TAU,
     ensure_demo_pair,
 )
@@ -209,8 +208,8 @@ def test_demo_config_serves_small_and_large_with_rstitch(tiny_models: dict[str, 
     )  # fmt: skip
     held = Config.demo(pair, 9000, large_share=0.7)
     assert held.policy.params == {"threshold": RSTITCH_TAU["tiny"], "target_large_share": 0.7}
-    # qwen's requests hold 0.3 each unless they route themselves; the share control replaces it
-    assert (REQUEST_SHARE, pair.request_share) == ({"qwen": 0.3, "tiny": None}, None)
+    # A request's own share is off by default; given, the share control replaces it
+    assert pair.request_share is None
     shared = dataclasses.replace(pair, request_share=0.3)
     assert Config.demo(shared, 9000).policy.params == {
         "threshold": RSTITCH_TAU["tiny"], "request_large_share": 0.3}  # fmt: skip
@@ -244,7 +243,7 @@ def test_demo_request_share_reaches_the_config() -> None:
     cfg = _config(parse_args(["--demo", "tiny", "--request-share", "0.25"]))
     assert cfg.policy.params["request_large_share"] == 0.25
     assert "request_large_share" not in _config(parse_args(["--demo", "tiny"])).policy.params
-    assert parse_args(["--demo", "--request-share", "off"]).request_share == 0.0  # None: qwen's
+    assert parse_args(["--demo", "--request-share", "off"]).request_share == 0.0  # None
 
 
 def test_demo_weights_default_per_pair_and_quantization_goes_with_demo(

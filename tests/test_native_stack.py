@@ -1,6 +1,7 @@
 """The native decode step (trd/models/native_stack.py, cpu_stack.cpp): a step of one-token
-rows through it gives bit for bit the hidden states, logits and KV the modules give, with
-q/k/v and gate/up fused or separate; a decode row's bits do not depend on whether its step
+rows or short feeds through it gives bit for bit the hidden states, logits and KV the
+modules give, with q/k/v and gate/up fused or separate; a short feed's tokens attend
+causally, as SDPA's prefill does; a decode row's bits do not depend on whether its step
 took the stack or held a prefill (modules); the models it must refuse are refused."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from trd.engines.spec import EngineSpec
 from trd.models import qkernel
 from trd.models import quantize as quantize_module
 from trd.models.attention import BatchLayout
-from trd.models.attention.torch_paged import TorchPagedAttention
+from trd.models.attention.torch_paged import NATIVE_FEED_TOKENS, TorchPagedAttention
 from trd.models.model import DecoderLayer
 from trd.testing.tinymodels.build import save_random_checkpoint
 
@@ -104,7 +105,7 @@ def test_a_decode_step_through_the_stack_is_the_modules_bit_for_bit(
 
 
 def test_a_decode_rows_bits_are_the_same_beside_a_prefill(tmp_path: Path) -> None:
-    """The same decode rows alone (the stack) and in a step with a 6-token prefill (the
+    """The same decode rows alone (the stack) and in a step with a 20-token prefill (the
     modules): identical logits, so routing on them cannot depend on the batch."""
     runner = _runner(_checkpoint(tmp_path))
     snapshot = _fill_cache(runner, seed=2)
@@ -117,12 +118,56 @@ def test_a_decode_rows_bits_are_the_same_beside_a_prefill(tmp_path: Path) -> Non
     alone = _step(runner, BatchLayout([1] * 8, starts, pages, PAGE), ids, stack=True)
     assert _backend(runner).native_decode() is not None  # the step took the stack
     _restore(runner, snapshot)
-    prefill = list(range(11, 17))  # 6 tokens after 4 cached, on page 24
-    layout = BatchLayout([6] + [1] * 8, [4, *starts], [[24], *pages], PAGE)
+    prefill = list(range(11, 31))  # 20 tokens after 4 cached, on pages 24 and 25
+    assert len(prefill) > NATIVE_FEED_TOKENS
+    layout = BatchLayout([20] + [1] * 8, [4, *starts], [[24, 25], *pages], PAGE)
     mixed = _step(runner, layout, prefill + ids, stack=True)
     assert _backend(runner).native_decode() is None  # this one went through the modules
     assert torch.equal(mixed[0][1:], alone[0])
     assert torch.equal(mixed[1][1:], alone[1])  # the hidden states the policies read too
+
+
+def _all_rows(runner: ModelRunner, layout: BatchLayout, ids: list[int]) -> torch.Tensor:
+    """The logits of every token of the step (the stack where the plan allows it)."""
+    positions = np.concatenate([np.arange(s, s + n) for s, n in
+                                zip(layout.kv_starts, layout.q_lens, strict=True)])  # fmt: skip
+    with torch.inference_mode():
+        logits, _, _ = runner.run(runner.backend, layout, np.asarray(ids), positions,
+                                  positions + 1, np.arange(len(ids)))  # fmt: skip
+    return logits
+
+
+def test_a_short_feed_takes_the_stack_token_by_token_and_causally(tmp_path: Path) -> None:
+    """A handoff's suffix (3 tokens) beside a decode row: through the stack, bit for bit the
+    modules; each token attends to its causal prefix only (its logits are those of the
+    same token fed alone after the ones before it), and the whole agrees with the
+    modules' prefill attention (SDPA) to float32 rounding."""
+    runner = _runner(_checkpoint(tmp_path))
+    snapshot = _fill_cache(runner, seed=4)
+    layout = BatchLayout([3, 1], [21, 9], [[4, 2], [7]], PAGE)
+    ids = [5, 17, 29, 41]
+    stacked = _step(runner, layout, ids, stack=True)
+    assert _backend(runner).native_decode() is not None  # the step took the stack
+    _restore(runner, snapshot)
+    modules = _step(runner, layout, ids, stack=False)
+    assert torch.equal(stacked[0], modules[0]) and torch.equal(stacked[1], modules[1])
+    assert all(torch.equal(a, b) for a, b in zip(stacked[2], modules[2], strict=True))
+    _restore(runner, snapshot)
+    feed = _all_rows(runner, BatchLayout([3], [21], [[4, 2]], PAGE), ids[:3])
+    for i in range(3):  # token i alone, after the tokens before it
+        _restore(runner, snapshot)
+        if i:
+            _all_rows(runner, BatchLayout([i], [21], [[4, 2]], PAGE), ids[:i])
+        alone = _all_rows(runner, BatchLayout([1], [21 + i], [[4, 2]], PAGE), ids[i : i + 1])
+        assert torch.equal(feed[i], alone[0]), i
+    _restore(runner, snapshot)
+    native, _backend(runner).native = _backend(runner).native, None  # SDPA's prefill
+    try:
+        sdpa = _all_rows(runner, BatchLayout([3], [21], [[4, 2]], PAGE), ids[:3])
+    finally:
+        _backend(runner).native = native
+    assert torch.allclose(feed, sdpa, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(feed, sdpa[[1, 0, 2]])  # the tokens' logits differ
 
 
 def test_the_stack_refuses_what_it_cannot_compute(tmp_path: Path) -> None:

@@ -28,15 +28,6 @@ DEMOS = ("qwen", "tiny")
 # share. tiny: on held-out fixture text (`tokenrouterd bench engines`,
 # `trd.evals.calibrate.bisect`).
 RSTITCH_TAU = {"qwen": 0.1, "tiny": 0.82}
-# The large model's share each request holds within itself unless it brings its own
-# `routing` (`policy.request_large_share`, trd/policies/budget.py): the least certain 30%
-# of a request's positions go to the 1.5B. 0.3 is the budget of the project's quality target
-# (at most 30% large tokens for at least 70% of the gap, docs/quality.md), set before any
-# HumanEval run of it; at 0.1 the fixed threshold left the 1.5B under a tenth of HumanEval's
-# tokens (62.8%, 9 points under the 1.5B alone). Held per request, not by the share control:
-# a request's answer depends on its own history only, whatever traffic came before.
-# --request-share off serves the fixed threshold alone. tiny: the fixed threshold.
-REQUEST_SHARE: dict[str, float | None] = {"qwen": 0.3, "tiny": None}
 # Longest prompt + output the demo serves: the fixtures were trained on 128-token windows
 # with a 1024-position RoPE table; Qwen2.5 has 32768 positions, 4096 keeps the KV small.
 MAX_MODEL_LEN = {"qwen": 4096, "tiny": 1024}
@@ -68,7 +59,13 @@ class DemoPair:
     max_model_len: int
     dtype: str
     quantization: str = "none"  # a spec: MODE, or SMALL,LARGE
-    request_share: float | None = None  # policy.request_large_share (None: the threshold's)
+    # policy.request_large_share (`--request-share S`), off (None) by default: held at 0.3
+    # per request (the budget of the project's quality target, docs/quality.md) the routed
+    # Qwen pair passed 67.7% of HumanEval against 62.8% at the threshold alone, but made
+    # tokens no faster than our 1.5B alone on 2 AMD cores (27.3 vs 27.8 tok/s at one
+    # request, 85.8 vs 120.4 at sixteen: each large token costs the 0.5B step that found it
+    # unsure, a handoff each way and a 1.5B step over the suffix; docs/benchmarks.md).
+    request_share: float | None = None
 
     @property
     def modes(self) -> dict[str, str]:
@@ -104,5 +101,4 @@ def ensure_demo_pair(
         models = ensure_qwen_pair(cache_dir, modes)
     else:
         raise ValueError(f"demo pair {name!r} is not one of {', '.join(DEMOS)}")
-    return DemoPair(name, models, RSTITCH_TAU[name], MAX_MODEL_LEN[name], dtype, quantization,
-                    REQUEST_SHARE[name])  # fmt: skip
+    return DemoPair(name, models, RSTITCH_TAU[name], MAX_MODEL_LEN[name], dtype, quantization)

@@ -1,5 +1,6 @@
-// The decoder stack of a quantised float32 model for a step whose every row is one token
-// of its own request (a decode step), in one call from Python instead of ~30 per layer
+// The decoder stack of a quantised float32 model for a step of short feeds (a decode, a
+// handoff's suffix: each row one token, attending to its causal prefix's slots), in one
+// call from Python instead of ~30 per layer
 // (trd/models/native_stack.py). Each operation is the very call the model's modules make
 // on that path (trd/models/model.py with `native` set): RMSNorm, the quantised linears,
 // rotation, the KV write, one-token attention, SiLU * up, the residual adds, in the same

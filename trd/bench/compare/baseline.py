@@ -7,7 +7,9 @@ would compare them, on the same code prompts through the same client.
     tokenrouterd_Q                  our daemon with the demo's config (`--demo
                                     --quantization Q`'s policy: DemoPair.policy),
                                     for each Q of the plan (none: bfloat16 weights;
-                                    baseline: the demo's int4, and int8)
+                                    baseline: the demo's int8,int4, int4 and int8)
+    tokenrouterd_Q@shareS           the first of those with each request holding S of
+                                    its tokens for the large model (`--request-share S`)
     std_large_Q                     standard serving of the 1.5B in our engine: the daemon
                                     with the 1.5B alone, the same settings
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +49,17 @@ class BaselinePlan:
     llama: bool  # run the llama-server systems
     routed: tuple[str, ...]  # the quantizations our routed pair runs in
     alone: tuple[str, ...]  # ... and our engine's 1.5B alone
+    shares: tuple[float, ...] = ()  # request shares the first routed pair also runs at
 
 
 BASELINES = {
     # 16 code prompts, 256 tokens: the demo's weights (int8,int4: the 0.5B in int8, the 1.5B
-    # in int4), both models in int4 and in int8; about an hour on 2 cores (--systems runs
+    # in int4), also with each request holding 30% for the 1.5B, both models in int4 and in
+    # int8; about an hour on 2 cores (--systems runs
     # some of them) (`tokenrouterd bench step` compares bfloat16, int8 and int4 step by step)
-    "baseline": BaselinePlan((1, 16), 16, 256, True, ("int8,int4", "int4", "int8"), ("int4",)),
+    "baseline": BaselinePlan(
+        (1, 16), 16, 256, True, ("int8,int4", "int4", "int8"), ("int4",), (0.3,)
+    ),
     "baseline_smoke": BaselinePlan((1, 2), 2, 8, False, ("none", "int8"), ("none",)),
 }
 LLAMA = {
@@ -70,12 +76,19 @@ def ours(quant: str) -> tuple[str, str]:
     return f"tokenrouterd_{quant.replace(',', '+')}", f"std_large_{modes['large']}"
 
 
+def at_share(quant: str, share: float) -> str:
+    """The name of our routed pair in `quant` weights, each request holding `share`."""
+    return f"{ours(quant)[0]}@share{share:g}"
+
+
 def names_of(plan: BaselinePlan) -> list[str]:
     """The plan's systems, in the order they run."""
     names = [*(LLAMA if plan.llama else ())]
     for quant in dict.fromkeys(plan.routed + plan.alone):
         routed, alone = ours(quant)
-        names += [routed] * (quant in plan.routed) + [alone] * (quant in plan.alone)
+        names += [routed] * (quant in plan.routed)
+        names += [at_share(quant, s) for s in plan.shares if (quant,) == plan.routed[:1]]
+        names += [alone] * (quant in plan.alone)
     return names
 
 
@@ -105,7 +118,8 @@ def systems(
     daemons = {}
     for quant in dict.fromkeys(plan.routed + plan.alone):
         routed, alone = ours(quant)
-        if routed not in chosen and alone not in chosen:
+        shared = {at_share(quant, s): s for s in plan.shares if (quant,) == plan.routed[:1]}
+        if not {routed, alone, *shared} & set(chosen):
             continue
         demo = ensure_demo_pair(pair, cache_dir, quant)
         common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
@@ -114,6 +128,10 @@ def systems(
             common["per_model"] = {n: {"quantization": demo.modes[n]} for n in demo.models}
         if routed in chosen:
             daemons[routed] = daemon_config(demo.models, demo.policy(), **common)
+        for name, share in shared.items():
+            if name in chosen:
+                policy = replace(demo, request_share=share).policy()
+                daemons[name] = daemon_config(demo.models, policy, **common)
         if alone in chosen:
             large = {"large": demo.models["large"]}
             daemons[alone] = daemon_config(large, {"name": "rstitch"}, **common)
@@ -176,7 +194,8 @@ def run_baseline(
     result = Result("bench compare", command)
     result.add(plan_name=plan_name, plan={"ns": list(plan.ns), "prompts": plan.prompts,
                                           "max_tokens": plan.max_tokens, "routed": plan.routed,
-                                          "alone": plan.alone}, pair=pair)  # fmt: skip
+                                          "alone": plan.alone, "shares": plan.shares},
+                pair=pair)  # fmt: skip
     convs = datasets.load("code", plan.prompts, 0, endpoint="chat")
     logs = out.parent / f"logs-{plan_name}"
     logs.mkdir(parents=True, exist_ok=True)

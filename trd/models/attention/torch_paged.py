@@ -23,6 +23,13 @@ from trd.models.qkernel import Kernel
 # Below this context a decode row joins the padded batch: one call for many short rows
 # beats a call per row (measured: 16 rows of 32 tokens 0.16 vs 0.37 ms; 128 tokens even).
 BATCH_BELOW_TOKENS = 128
+# With the native call (quantised float32 engines), a request's feed of at most this many
+# tokens (a decode, a handoff's suffix, a short prompt's tail) is attended token by token,
+# each token to its causal prefix, as decode rows are: a step of such feeds only takes the
+# native decoder stack (trd/models/native_stack.py), and a token's bits do not depend on
+# how many tokens its feed held. A routed large model's step is mostly a suffix of 2-4
+# tokens: through the modules it cost 48 ms where a one-token step takes 30 (1.5B int4).
+NATIVE_FEED_TOKENS = 16
 
 
 @dataclass(slots=True)
@@ -41,7 +48,8 @@ class _Plan:
     decode_slots: torch.Tensor  # (Bd * Lmax,) flattened (Bd, Lmax) slots
     decode_mask: torch.Tensor  # (Bd, 1, 1, Lmax)
     rows: list[_Row]
-    # With `native`: the one-token rows, their slot offsets and slots, for the one call.
+    # With `native`: the short feeds' token rows, their slot offsets and slots, for the
+    # one call.
     native: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
@@ -58,23 +66,26 @@ class TorchPagedAttention(AttentionBackend):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._plan: _Plan | None = None
-        # Quantised models on the CPU: every one-token row's attention in one native call
+        # Quantised models on the CPU: every short feed's attention in one native call
         # per layer (float32; trd/models/cpu_ops.cpp), set by the runner.
         self.native: Kernel | None = None
 
     def plan(self, layout: BatchLayout) -> None:
         ps = layout.page_size
         write, dec_rows, dec_slots, rows = [], [], [], []
-        one_rows, one_slots = [], []  # with `native`: every one-token row, in its call
+        # with `native`: every short feed's tokens, in its call
+        one_rows: list[int] = []
+        one_slots: list[np.ndarray] = []
         row = 0
         for n, start, table in zip(
             layout.q_lens, layout.kv_starts, layout.page_tables, strict=True
         ):
             total = start + n
             write.append(slot_indices(table, start, total, ps))
-            if n == 1 and self.native is not None:
-                one_rows.append(row)
-                one_slots.append(slot_indices(table, 0, total, ps))
+            if n <= NATIVE_FEED_TOKENS and self.native is not None:
+                prefix = slot_indices(table, 0, total, ps)
+                one_rows.extend(range(row, row + n))  # each token to its causal prefix
+                one_slots.extend(prefix[: start + i + 1] for i in range(n))
             elif n == 1 and total < BATCH_BELOW_TOKENS:
                 dec_rows.append(row)
                 dec_slots.append(slot_indices(table, 0, total, ps))
@@ -102,8 +113,9 @@ class TorchPagedAttention(AttentionBackend):
         )
 
     def native_decode(self) -> tuple[torch.Tensor, ...] | None:
-        """When the planned step's every row is one token in the native call: its KV write
-        slots, then the native call's rows, offsets and slots (`NativeStack` takes them)."""
+        """When the planned step's every feed is short (all its tokens in the native call):
+        its KV write slots, then the native call's rows, offsets and slots (`NativeStack`
+        takes them)."""
         p = self._plan
         if p is None or p.native is None or p.rows or len(p.decode_rows):
             return None
@@ -115,7 +127,7 @@ class TorchPagedAttention(AttentionBackend):
     def _native_rows(
         self, rows: list[int], slots: list[np.ndarray]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The native call's arguments for one-token `rows` attending to their `slots`."""
+        """The native call's arguments for token `rows`, each attending to its `slots`."""
         offsets = np.cumsum([0, *(len(s) for s in slots)], dtype=np.int64)
         return (self._t(np.asarray(rows, dtype=np.int64)), self._t(offsets),
                 self._t(np.concatenate(slots)))  # fmt: skip
@@ -131,7 +143,7 @@ class TorchPagedAttention(AttentionBackend):
         k_flat.index_copy_(0, p.write_slots, k)
         v_flat.index_copy_(0, p.write_slots, v)
         if p.native is not None and self.native is not None:  # float32 engines only
-            # Every one-token row in the one native call, whatever else the batch holds:
+            # Every short feed's tokens in the one native call, whatever else the batch holds:
             # a decode row's attention is the same alone, among decodes or beside a
             # prefill (so are its tokens, and the routing decisions they feed).
             out = torch.empty(q.shape, dtype=q.dtype)
