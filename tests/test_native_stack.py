@@ -1,7 +1,7 @@
 """The native decode step (trd/models/native_stack.py, cpu_stack.cpp): a step of one-token
-rows or short feeds through it gives bit for bit the hidden states, logits and KV the
-modules give, with q/k/v and gate/up fused or separate; a short feed's tokens attend
-causally, as SDPA's prefill does; a decode row's bits do not depend on whether its step
+rows or a handoff's suffix through it gives bit for bit the hidden states, logits and KV
+the modules give, with q/k/v and gate/up fused or separate; a suffix's tokens attend
+causally, as SDPA's prefill of a prompt does; a decode row's bits do not depend on whether its step
 took the stack or held a prefill (modules); the models it must refuse are refused."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from trd.engines.spec import EngineSpec
 from trd.models import qkernel
 from trd.models import quantize as quantize_module
 from trd.models.attention import BatchLayout
-from trd.models.attention.torch_paged import NATIVE_FEED_TOKENS, TorchPagedAttention
+from trd.models.attention.torch_paged import TorchPagedAttention
 from trd.models.model import DecoderLayer
 from trd.testing.tinymodels.build import save_random_checkpoint
 
@@ -105,8 +105,9 @@ def test_a_decode_step_through_the_stack_is_the_modules_bit_for_bit(
 
 
 def test_a_decode_rows_bits_are_the_same_beside_a_prefill(tmp_path: Path) -> None:
-    """The same decode rows alone (the stack) and in a step with a 20-token prefill (the
-    modules): identical logits, so routing on them cannot depend on the batch."""
+    """The same decode rows alone (the stack) and in a step with a 6-token prefill of a
+    prompt (the modules): identical logits, so routing on them cannot depend on the
+    batch."""
     runner = _runner(_checkpoint(tmp_path))
     snapshot = _fill_cache(runner, seed=2)
     # Eight decode rows, pages 0..23 theirs. A last-bit difference before a quantised
@@ -118,9 +119,8 @@ def test_a_decode_rows_bits_are_the_same_beside_a_prefill(tmp_path: Path) -> Non
     alone = _step(runner, BatchLayout([1] * 8, starts, pages, PAGE), ids, stack=True)
     assert _backend(runner).native_decode() is not None  # the step took the stack
     _restore(runner, snapshot)
-    prefill = list(range(11, 31))  # 20 tokens after 4 cached, on pages 24 and 25
-    assert len(prefill) > NATIVE_FEED_TOKENS
-    layout = BatchLayout([20] + [1] * 8, [4, *starts], [[24, 25], *pages], PAGE)
+    prefill = list(range(11, 17))  # a prompt's 6 tokens after 4 cached, on page 24
+    layout = BatchLayout([6] + [1] * 8, [4, *starts], [[24], *pages], PAGE, [20, *starts])
     mixed = _step(runner, layout, prefill + ids, stack=True)
     assert _backend(runner).native_decode() is None  # this one went through the modules
     assert torch.equal(mixed[0][1:], alone[0])
@@ -137,14 +137,16 @@ def _all_rows(runner: ModelRunner, layout: BatchLayout, ids: list[int]) -> torch
     return logits
 
 
-def test_a_short_feed_takes_the_stack_token_by_token_and_causally(tmp_path: Path) -> None:
-    """A handoff's suffix (3 tokens) beside a decode row: through the stack, bit for bit the
-    modules; each token attends to its causal prefix only (its logits are those of the
-    same token fed alone after the ones before it), and the whole agrees with the
-    modules' prefill attention (SDPA) to float32 rounding."""
+def test_a_handoff_suffix_takes_the_stack_token_by_token_and_causally(tmp_path: Path) -> None:
+    """A handoff's suffix (3 output tokens) beside a decode row: through the stack, bit for
+    bit the modules; each token attends to its causal prefix only (its logits are those of
+    the same token fed alone after the ones before it, so cutting a feed into steps changes
+    no bit), and the whole agrees with SDPA's prefill attention, which the same 3 tokens of
+    a prompt keep, to float32 rounding."""
     runner = _runner(_checkpoint(tmp_path))
     snapshot = _fill_cache(runner, seed=4)
-    layout = BatchLayout([3, 1], [21, 9], [[4, 2], [7]], PAGE)
+    pages = [[4, 2], [7]]
+    layout = BatchLayout([3, 1], [21, 9], pages, PAGE, [20, 5])  # outputs from 20 and 5
     ids = [5, 17, 29, 41]
     stacked = _step(runner, layout, ids, stack=True)
     assert _backend(runner).native_decode() is not None  # the step took the stack
@@ -153,21 +155,19 @@ def test_a_short_feed_takes_the_stack_token_by_token_and_causally(tmp_path: Path
     assert torch.equal(stacked[0], modules[0]) and torch.equal(stacked[1], modules[1])
     assert all(torch.equal(a, b) for a, b in zip(stacked[2], modules[2], strict=True))
     _restore(runner, snapshot)
-    feed = _all_rows(runner, BatchLayout([3], [21], [[4, 2]], PAGE), ids[:3])
+    feed = _all_rows(runner, BatchLayout([3], [21], pages[:1], PAGE, [20]), ids[:3])
     for i in range(3):  # token i alone, after the tokens before it
         _restore(runner, snapshot)
         if i:
-            _all_rows(runner, BatchLayout([i], [21], [[4, 2]], PAGE), ids[:i])
-        alone = _all_rows(runner, BatchLayout([1], [21 + i], [[4, 2]], PAGE), ids[i : i + 1])
+            _all_rows(runner, BatchLayout([i], [21], pages[:1], PAGE, [20]), ids[:i])
+        alone = _all_rows(runner, BatchLayout([1], [21 + i], pages[:1], PAGE, [20]),
+                          ids[i : i + 1])  # fmt: skip
         assert torch.equal(feed[i], alone[0]), i
     _restore(runner, snapshot)
-    native, _backend(runner).native = _backend(runner).native, None  # SDPA's prefill
-    try:
-        sdpa = _all_rows(runner, BatchLayout([3], [21], [[4, 2]], PAGE), ids[:3])
-    finally:
-        _backend(runner).native = native
-    assert torch.allclose(feed, sdpa, rtol=1e-4, atol=1e-4)
-    assert not torch.equal(feed, sdpa[[1, 0, 2]])  # the tokens' logits differ
+    prompt = _all_rows(runner, BatchLayout([3], [21], pages[:1], PAGE, [30]), ids[:3])
+    assert _backend(runner).native_decode() is None  # a prompt's tokens: SDPA
+    assert torch.allclose(feed, prompt, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(feed, prompt[[1, 0, 2]])  # the tokens' logits differ
 
 
 def test_the_stack_refuses_what_it_cannot_compute(tmp_path: Path) -> None:

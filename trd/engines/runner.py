@@ -226,7 +226,8 @@ class ModelRunner:
             starts.append(req.kv_len)
             lens.append(n)
             targets.append(len(req.seq))
-        layout = BatchLayout(lens, starts, [item.req.pages for item in batch], self.page_size)
+        layout = BatchLayout(lens, starts, [item.req.pages for item in batch], self.page_size,
+                             [item.req.prompt_len for item in batch])  # fmt: skip
         done = [i for i, item in enumerate(batch) if item.completes]
         self.timer.start()
         out = self.graphs.run(layout, ids, done) if self.graphs is not None else None

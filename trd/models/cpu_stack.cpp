@@ -1,4 +1,4 @@
-// The decoder stack of a quantised float32 model for a step of short feeds (a decode, a
+// The decoder stack of a quantised float32 model for a step of output feeds (a decode, a
 // handoff's suffix: each row one token, attending to its causal prefix's slots), in one
 // call from Python instead of ~30 per layer
 // (trd/models/native_stack.py). Each operation is the very call the model's modules make

@@ -3,12 +3,12 @@
 At one row a 28-layer model's step through the modules is ~30 Python-level calls a layer
 (norms, projections, rotation, the KV write, attention, SiLU, residual adds), each a few
 microseconds of dispatch: 8-13 ms of a 30-70 ms step on the demo pair. When every feed of
-a step is short (a decode, a handoff's suffix: at most NATIVE_FEED_TOKENS tokens, each
-attending to its causal prefix in the native attention), the runner hands the decoder
-stack to this call instead; it makes the same native calls on the same numbers in the
-same order, so each token's hidden state is bit for bit what the modules compute,
-whichever path its step took (tests/test_native_stack.py). Steps with a longer feed (a
-prefill) keep the modules.
+a step is output tokens (a decode, a handoff's suffix, each token attending to its causal
+prefix in the native attention: trd/models/attention/torch_paged.py), the runner hands
+the decoder stack to this call instead; it makes the same native calls on the same
+numbers in the same order, so each token's hidden state is bit for bit what the modules
+compute, whichever path its step took (tests/test_native_stack.py). Steps with a prompt's tokens
+keep the modules.
 
 `NativeStack.of` returns None where a model cannot take it: not float32 on the CPU, a
 layer that is not a quantised linear on the kernel, q/k norms (Qwen3), or linears that
@@ -81,7 +81,7 @@ def _layer(layer: DecoderLayer, kv_cache: torch.Tensor) -> _Layer | None:
 
 class NativeStack:
     """`stack(ids, positions, seq_lens, write_slots, rows, offsets, slots)`: the final-norm
-    hidden states (T, hidden) of T tokens of short feeds, as `CausalLM.forward` computes
+    hidden states (T, hidden) of T tokens of output feeds, as `CausalLM.forward` computes
     them.
     Holds raw pointers into the model's buffers and the KV caches: lives as long as they do."""
 

@@ -32,6 +32,10 @@ class BatchLayout:
     kv_starts: list[int]  # tokens already cached per request = position of its first new token
     page_tables: list[list[int]]
     page_size: int
+    # Per request, the position of its first output token (its prompt's length), where
+    # known: a feed of output tokens only (a decode, a handoff's suffix) may be attended
+    # token by token (TorchPagedAttention with `native`)
+    outputs_from: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,8 @@ per step for thousands: at batch 16 and 2048 tokens a view attends ~4x faster.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,13 +25,14 @@ from trd.models.qkernel import Kernel
 # Below this context a decode row joins the padded batch: one call for many short rows
 # beats a call per row (measured: 16 rows of 32 tokens 0.16 vs 0.37 ms; 128 tokens even).
 BATCH_BELOW_TOKENS = 128
-# With the native call (quantised float32 engines), a request's feed of at most this many
-# tokens (a decode, a handoff's suffix, a short prompt's tail) is attended token by token,
-# each token to its causal prefix, as decode rows are: a step of such feeds only takes the
-# native decoder stack (trd/models/native_stack.py), and a token's bits do not depend on
-# how many tokens its feed held. A routed large model's step is mostly a suffix of 2-4
+# With the native call (quantised float32 engines), a feed of output tokens only (a
+# decode, a handoff's suffix: `BatchLayout.outputs_from`) is attended token by token, each
+# token to its causal prefix, as a decode row is; so a step of such feeds takes the native
+# decoder stack (trd/models/native_stack.py), and a token's bits do not depend on how
+# its feed was cut into steps. A routed large model's step is mostly a suffix of 2-4
 # tokens: through the modules it cost 48 ms where a one-token step takes 30 (1.5B int4).
-NATIVE_FEED_TOKENS = 16
+# A prompt's tokens keep SDPA (its chunks depend on the load: a short last chunk
+# attended otherwise than the rest would make a prompt's bits depend on the load).
 
 
 @dataclass(slots=True)
@@ -48,7 +51,7 @@ class _Plan:
     decode_slots: torch.Tensor  # (Bd * Lmax,) flattened (Bd, Lmax) slots
     decode_mask: torch.Tensor  # (Bd, 1, 1, Lmax)
     rows: list[_Row]
-    # With `native`: the short feeds' token rows, their slot offsets and slots, for the
+    # With `native`: the output feeds' token rows, their slot offsets and slots, for the
     # one call.
     native: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -66,23 +69,26 @@ class TorchPagedAttention(AttentionBackend):
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._plan: _Plan | None = None
-        # Quantised models on the CPU: every short feed's attention in one native call
+        # Quantised models on the CPU: every output feed's attention in one native call
         # per layer (float32; trd/models/cpu_ops.cpp), set by the runner.
         self.native: Kernel | None = None
 
     def plan(self, layout: BatchLayout) -> None:
         ps = layout.page_size
         write, dec_rows, dec_slots, rows = [], [], [], []
-        # with `native`: every short feed's tokens, in its call
+        # with `native`: every output feed's tokens, in its call
         one_rows: list[int] = []
         one_slots: list[np.ndarray] = []
         row = 0
-        for n, start, table in zip(
-            layout.q_lens, layout.kv_starts, layout.page_tables, strict=True
+        no_outputs = [math.inf] * len(layout.q_lens)  # unknown: every token a prompt's
+        outputs_from: Sequence[float] = layout.outputs_from or no_outputs
+        for n, start, table, first in zip(
+            layout.q_lens, layout.kv_starts, layout.page_tables, outputs_from, strict=True
         ):
             total = start + n
             write.append(slot_indices(table, start, total, ps))
-            if n <= NATIVE_FEED_TOKENS and self.native is not None:
+            outputs = n == 1 or start >= first
+            if outputs and self.native is not None:
                 prefix = slot_indices(table, 0, total, ps)
                 one_rows.extend(range(row, row + n))  # each token to its causal prefix
                 one_slots.extend(prefix[: start + i + 1] for i in range(n))
@@ -113,7 +119,7 @@ class TorchPagedAttention(AttentionBackend):
         )
 
     def native_decode(self) -> tuple[torch.Tensor, ...] | None:
-        """When the planned step's every feed is short (all its tokens in the native call):
+        """When the planned step's every feed is output tokens (all in the native call):
         its KV write slots, then the native call's rows, offsets and slots (`NativeStack`
         takes them)."""
         p = self._plan
@@ -143,7 +149,7 @@ class TorchPagedAttention(AttentionBackend):
         k_flat.index_copy_(0, p.write_slots, k)
         v_flat.index_copy_(0, p.write_slots, v)
         if p.native is not None and self.native is not None:  # float32 engines only
-            # Every short feed's tokens in the one native call, whatever else the batch holds:
+            # Every output feed's tokens in the one native call, whatever else the batch holds:
             # a decode row's attention is the same alone, among decodes or beside a
             # prefill (so are its tokens, and the routing decisions they feed).
             out = torch.empty(q.shape, dtype=q.dtype)
