@@ -92,8 +92,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--request-share", type=_share_or_off, metavar="SHARE|off",
                    help="--demo: the large model's share of each request's tokens, held within "
                    "the request unless it brings its own routing (default: off, R-Stitch's "
-                   "fixed threshold; 0.3 bought 5 points of HumanEval for a fifth of the "
-                   "speed: docs/quality.md, docs/benchmarks.md)")  # fmt: skip
+                   "fixed threshold; 0.3 bought 5 points of HumanEval for a quarter to a "
+                   "third of the speed: docs/quality.md, docs/benchmarks.md)")  # fmt: skip
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of all tokens at SHARE (0..1) by "
                    "moving R-Stitch's threshold (the share control), instead of each "

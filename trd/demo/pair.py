@@ -62,10 +62,10 @@ class DemoPair:
     # policy.request_large_share (`--request-share S`), off (None) by default: held at 0.3
     # per request (the budget of the project's quality target, docs/quality.md) the routed
     # Qwen pair passed 67.7% of HumanEval against 62.8% at the threshold alone, but made
-    # tokens a fifth slower than at the threshold and no faster than our 1.5B alone on 2 AMD
-    # cores (29.3 vs 29.7 tok/s at one request, 106.6 vs 142.5 at sixteen: each large token
-    # costs the 0.5B step that found it unsure, a handoff each way and a 1.5B step over the
-    # suffix; results/2026-12-07-compare-baseline-amd-share/, docs/benchmarks.md).
+    # tokens a quarter to a third slower than at the threshold and slower than our 1.5B
+    # alone on 2 AMD cores (28.6 vs 31.2 tok/s at one request, 101.3 vs 148.5 at sixteen:
+    # each large token costs the 0.5B step that found it unsure, a handoff each way and a
+    # 1.5B step over the suffix; results/2026-12-07-compare-baseline-amd/, docs/benchmarks.md).
     request_share: float | None = None
 
     @property
