@@ -9,8 +9,8 @@
     "priority": -1                     vLLM's: lower first in every engine's queue
 
 A request without `routing` (or with `"routing": {}`) gets the daemon's: its policy as
-configured, or, with `policy.request_large_share: s`, `{"large_share": s}` (the demo's
-default: trd/demo/pair.py).
+configured, or, with `policy.request_large_share: s`, `{"large_share": s}` (`tokenrouterd
+--demo --request-share s`).
 
 The schema (trd/frontend/schema.py: Routing, RoutingFields) checks the types and the ranges
 that hold everywhere; here what depends on the daemon: whether its policy has a threshold

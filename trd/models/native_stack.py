@@ -7,8 +7,8 @@ a step is output tokens (a decode, a handoff's suffix, each token attending to i
 prefix in the native attention: trd/models/attention/torch_paged.py), the runner hands
 the decoder stack to this call instead; it makes the same native calls on the same
 numbers in the same order, so each token's hidden state is bit for bit what the modules
-compute, whichever path its step took (tests/test_native_stack.py). Steps with a prompt's tokens
-keep the modules.
+compute, whichever path its step took (tests/test_native_stack.py). Steps with a prompt's
+tokens keep the modules.
 
 `NativeStack.of` returns None where a model cannot take it: not float32 on the CPU, a
 layer that is not a quantised linear on the kernel, q/k norms (Qwen3), or linears that

@@ -80,8 +80,8 @@ class TorchPagedAttention(AttentionBackend):
         one_rows: list[int] = []
         one_slots: list[np.ndarray] = []
         row = 0
-        no_outputs = [math.inf] * len(layout.q_lens)  # unknown: every token a prompt's
-        outputs_from: Sequence[float] = layout.outputs_from or no_outputs
+        # where unknown, every token is taken for a prompt's
+        outputs_from: Sequence[float] = layout.outputs_from or [math.inf] * len(layout.q_lens)
         for n, start, table, first in zip(
             layout.q_lens, layout.kv_starts, layout.page_tables, outputs_from, strict=True
         ):
