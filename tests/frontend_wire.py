@@ -20,7 +20,16 @@ from aiohttp import test_utils
 from trd.frontend.app import OpenAIApi, Served
 from trd.frontend.metrics import Metrics
 from trd.frontend.tokens import PromptEncoder
-from trd.protocol import Emit, FinishReason, SamplingParams, Submit, decode, encode
+from trd.protocol import (
+    NO_ROUTING,
+    Emit,
+    FinishReason,
+    RoutingParams,
+    SamplingParams,
+    Submit,
+    decode,
+    encode,
+)
 from trd.supervisor.generation import Generation
 from trd.supervisor.hub import Hub, State
 
@@ -74,12 +83,12 @@ def post(
     detached: State | None = None,
     failing: int | None = None,
     policy: str = "rstitch",
-    share: float | None = None,
+    default: RoutingParams = NO_ROUTING,
 ) -> Answer:
     """Serve one request while `busy` others are in flight; `detached`: the hub has let
     the engines go into that state; `failing`: the engine request (1 = the first of this
-    request) that fails after one token; `policy`: the daemon's routing policy; `share`: its
-    policy.request_large_share."""
+    request) that fails after one token; `policy`: the daemon's routing policy; `default`: the
+    routing of a request that asks none (policy.request_large_share or request_model)."""
 
     async def run() -> Answer:
         hub, group = Hub(max_inflight), WireGroup(None if failing is None else busy + failing)
@@ -89,7 +98,7 @@ def post(
             del group.submits[:busy]
         if detached is not None:
             hub.detach(detached, f"test: {detached}")
-        served = Served(["small", "large"], encoder, CONTEXT, VOCAB, 0, policy, share)
+        served = Served(["small", "large"], encoder, CONTEXT, VOCAB, 0, policy, default)
         metrics = Metrics(dict, hub.gens.values, served.model_id, ())
         app = OpenAIApi(served, hub, metrics, max_stored_responses=8).app()
         async with test_utils.TestClient(test_utils.TestServer(app)) as client:

@@ -23,7 +23,7 @@ from trd.bench.compare.baseline import (
     table,
 )
 from trd.bench.compare.cli import main
-from trd.demo.pair import RSTITCH_TAU
+from trd.demo.pair import RSTITCH_TAU, SPECULATE
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
 
@@ -51,13 +51,14 @@ def test_the_table_says_which_answers_kept_their_text_across_n() -> None:
 def test_the_baseline_plan_is_the_issues_table() -> None:
     plan = BASELINES["baseline"]
     assert (plan.ns, plan.prompts, plan.max_tokens, plan.llama) == ((1, 16), 16, 256, True)
-    assert (plan.routed, plan.alone, plan.shares) == (("int8,int4", "int4", "int8"), ("int4",),
-                                                      (0.3,))  # fmt: skip
+    assert (plan.routed, plan.alone, plan.shares, plan.rstitch) == (
+        ("int8,int4", "int4", "int8"), ("int4",), (0.3,), True)  # fmt: skip
     assert LLAMA == {"llama_server_large": ("large", None), "llama_server_small": ("small", None),
                      "llama_server_large+draft_small": ("large", "small")}  # fmt: skip
     demo = "tokenrouterd_int8+int4"
-    assert names_of(plan) == [*LLAMA, demo, f"{demo}@share0.3", "tokenrouterd_int4",
-                              "std_large_int4", "tokenrouterd_int8"]  # fmt: skip
+    assert names_of(plan) == [*LLAMA, demo, f"{demo}@rstitch", f"{demo}@share0.3",
+                              "tokenrouterd_int4", "std_large_int4",
+                              "tokenrouterd_int8"]  # fmt: skip
 
 
 def test_systems_picks_the_named_ones_in_the_plans_order_and_refuses_others(
@@ -80,7 +81,7 @@ def test_systems_picks_the_named_ones_in_the_plans_order_and_refuses_others(
 
 
 def test_one_system_is_measured_at_each_n_of_its_plan(
-    tiny_models: dict[str, Path], tmp_path: Path
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The slow smoke run's guard: the systems are alike but for their models, and one of
     them (the large model alone, the quicker start) is started and measured, warm-up aside."""
@@ -105,6 +106,15 @@ def test_one_system_is_measured_at_each_n_of_its_plan(
     policies = [cfg["policy"] for cfg, _ in found.values()]
     assert [p.get("request_large_share") for p in policies] == [None, 0.5]
     assert {p["threshold"] for p in policies} == {RSTITCH_TAU["tiny"]}
+    # Where the pair speculates (the qwen demo): its default drafts, @rstitch routes
+    drafting = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=("none",),
+                            alone=(), rstitch=True)  # fmt: skip
+    monkeypatch.setitem(SPECULATE, "tiny", True)
+    found = systems(drafting, "tiny", CACHE_DIR)
+    assert list(found) == ["tokenrouterd_none", "tokenrouterd_none@rstitch"]
+    for (cfg, _), pinned in zip(found.values(), ("large", None), strict=True):
+        assert [m.get("draft") for m in cfg["models"]] == [None, "small"]
+        assert cfg["policy"].get("request_model") == pinned
     plan = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=(), alone=("none",))
     server = start(tmp_path)
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trd.config import Address, Config, ConfigError, from_dict, load_config
+from trd.config import Address, Config, ConfigError, default_routing, from_dict, load_config
 from trd.config_reader import Section
 from trd.daemon import EXIT_CONFIG, _config, parse_args
 from trd.daemon import main as daemon_main
@@ -24,7 +24,9 @@ from trd.demo.pair import (
     RSTITCH_TAU,
     ensure_demo_pair,
 )
+from trd.engines.spec import EngineSpec
 from trd.memplan.plan import PlanError
+from trd.protocol import NO_ROUTING, RoutingParams
 from trd.supervisor.deployment import plan_deployment, resolve_device
 
 CACHE_DIR = Path(__file__).resolve().parent.parent / ".cache"
@@ -157,6 +159,13 @@ BAD = [  # (key to set, value, expected start of the message)
     ("restart.max_retries", -1, "restart.max_retries: -1: must be >= 0"),
     ("responses.max_stored", -1, "responses.max_stored: -1: must be >= 0"),
     ("lisen", "127.0.0.1:8000", "lisen: '127.0.0.1:8000': unknown key"),
+    ("models.1.draft", "huge", "models[1].draft: 'huge': another model of this config"),
+    ("models.1.draft", "large", "models[1].draft: 'large': another model of this config"),
+    ("models.1.draft", 3, "models[1].draft: 3: expected a non-empty string"),
+    ("engine.draft_tokens", 0, "engine.draft_tokens: 0: must be >= 1"),
+    ("engine.draft_rows", 1, "engine.draft_rows: 1: must be >= 2"),
+    ("policy.request_model", "huge", "policy.request_model: 'huge': not a served model"),
+    ("policy.request_model", 1, "policy.request_model: 1: a served model's name"),
 ]
 
 
@@ -237,6 +246,55 @@ def test_demo_large_share_is_checked(capsys: pytest.CaptureFixture[str]) -> None
             daemon_main(argv)
         assert exc.value.code == 2
         assert message in capsys.readouterr().err, argv
+
+
+def test_a_draft_and_a_request_model_reach_the_specs_and_the_plan(raw: dict[str, Any]) -> None:
+    """The large model verifies the small one's proposals: its spec names the draft, the
+    plan counts the draft's weights and KV in its engine; requests without routing are
+    the large model's; a request share beside request_model is refused."""
+    plain = from_dict(raw, Path("/"))
+    cfg = from_dict(_set(_set(raw, "models.1.draft", "small"), "policy.request_model", "large"),
+                    Path("/"))  # fmt: skip
+    assert default_routing(plain) == NO_ROUTING
+    assert default_routing(cfg) == RoutingParams(model=1)
+    specs = {s.name: s for s in plan_deployment(cfg).specs if isinstance(s, EngineSpec)}
+    assert specs["small"].draft is None
+    draft = specs["large"].draft
+    assert draft is not None and draft.checkpoint.path == cfg.models[0].path
+    before = {m.name: m for m in plan_deployment(plain).plan.models}
+    after = {m.name: m for m in plan_deployment(cfg).plan.models}
+    small = before["small"]
+    assert after["large"].weight_bytes == before["large"].weight_bytes + small.weight_bytes
+    assert after["large"].kv_bytes_per_token == (before["large"].kv_bytes_per_token
+                                                 + small.kv_bytes_per_token)  # fmt: skip
+    both = _set(_set(raw, "policy.request_model", "large"), "policy.request_large_share", 0.3)
+    refusal = "policy.request_model: 'large': a served model's name, without request_large"
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        from_dict(both, Path("/"))
+
+
+def test_demo_speculates_where_its_pair_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """--demo qwen: the large model drafts with the small one and writes requests without
+    routing; a share asked for routes them instead (the draft stays); tiny: off."""
+    pair = ensure_demo_pair("tiny", CACHE_DIR)
+    assert not pair.speculate
+    on = dataclasses.replace(pair, speculate=True)
+    cfg = Config.demo(on, 9000)
+    assert [m.draft for m in cfg.models] == [None, "small"]
+    assert default_routing(cfg) == RoutingParams(model=1)
+    assert default_routing(Config.demo(dataclasses.replace(on, request_share=0.3), 9000)) == (
+        RoutingParams(large_share=0.3))  # fmt: skip
+    assert default_routing(Config.demo(on, 9000, large_share=0.3)) == NO_ROUTING
+    assert daemon_main(["--demo", "tiny", "--speculate", "on", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "speculative decoding: large verifies small's proposals (4 a step" in out
+    assert "requests without routing: large writes every token" in out
+    assert daemon_main(["--demo", "tiny", "--check"]) == 0
+    assert "speculative decoding: off" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        daemon_main(["--config", "x.yaml", "--speculate", "on"])
+    assert exc.value.code == 2
+    assert "--speculate goes with --demo" in capsys.readouterr().err
 
 
 def test_demo_request_share_reaches_the_config() -> None:

@@ -1,5 +1,7 @@
 """`tokenrouterd --demo`, as the README's first command runs it: the Qwen2.5-Coder pair
-(0.5B small, 1.5B large, int8 weights, R-Stitch), asked through the openai client.
+(0.5B small in int8, 1.5B large in int4; the 1.5B verifying the 0.5B's proposals for each
+request without routing, R-Stitch for a request that asks it), asked through the openai
+client.
 
 The pair is imported into the test cache once per CI run (the `ensure_demo_pair` the
 daemon itself calls, started in the background by conftest.py), so the daemon starts
@@ -41,8 +43,10 @@ FIBONACCI = (
 )
 # Where the 0.5B is unsure (normalised entropy above tau), so the large model writes.
 HASH_MAP = "Explain what a hash map is in two sentences."
-# (question, tokens the reference loop makes): what the daemon's answers start with.
-ORACLE = ((FRANCE, 24), (HASH_MAP, 32))
+# (question, tokens the reference loop makes, routed by R-Stitch): what the daemon's
+# answers start with; not routed: the demo's default (the 1.5B's own tokens).
+ORACLE = ((FRANCE, 24, False), (HASH_MAP, 32, False), (HASH_MAP, 32, True))
+Key = tuple[str, bool]
 CHECK_FIB = "\nassert [fib(n) for n in range(12)] == [0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89]\n"
 
 
@@ -52,22 +56,24 @@ def pair() -> DemoPair:
 
 
 @pytest.fixture(scope="module")
-def oracle(pair: DemoPair) -> dict[str, Trace]:
-    """The reference loop's routed answer to each ORACLE question (the demo's policy:
-    R-Stitch at its threshold, each request holding the demo's share; greedy), computed
-    before the daemon starts."""
+def oracle(pair: DemoPair) -> dict[Key, Trace]:
+    """The reference loop's answer to each ORACLE question (the demo's default: the large
+    model alone where it speculates, else R-Stitch at its threshold with the demo's share;
+    routed: R-Stitch at its threshold; greedy), computed before the daemon starts."""
     encoder = PromptEncoder(pair.models["large"])
     ref = ReferenceRouter(
         [pair.models["small"], pair.models["large"]],
         PolicySpec("rstitch", {"threshold": pair.threshold}),
         pair.dtype,
     )
-    routing = RoutingParams(large_share=pair.request_share)
+    default = RoutingParams(model=1) if pair.speculate else RoutingParams(
+        large_share=pair.request_share)  # fmt: skip
     traces = {
-        q: ref.run(
-            encoder.chat([{"role": "user", "content": q}]), SamplingParams(n, routing=routing)
+        (q, routed): ref.run(
+            encoder.chat([{"role": "user", "content": q}]),
+            SamplingParams(n, routing=RoutingParams() if routed else default),
         )
-        for q, n in ORACLE
+        for q, n, routed in ORACLE
     }
     del ref
     gc.collect()
@@ -76,7 +82,7 @@ def oracle(pair: DemoPair) -> dict[str, Trace]:
 
 @pytest.fixture(scope="module")
 def demo(
-    oracle: dict[str, Trace], pair: DemoPair, tmp_path_factory: pytest.TempPathFactory
+    oracle: dict[Key, Trace], pair: DemoPair, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Daemon]:
     folder = tmp_path_factory.mktemp("demo")
     started = launch("daemon", [sys.executable, "-m", "trd.daemon", "--demo", "--port", "0"],
@@ -101,14 +107,21 @@ def prompt_tokens(pair: DemoPair, question: str) -> int:
 
 
 def ask(
-    client: OpenAI, pair: DemoPair, oracle: dict[str, Trace], question: str, max_tokens: int
+    client: OpenAI,
+    pair: DemoPair,
+    oracle: dict[Key, Trace],
+    question: str,
+    max_tokens: int,
+    routed: bool = False,
 ) -> tuple[str, dict[str, int]]:
-    """The answer and the tokens each model wrote, checked: usage exact, the stream says
-    the same, and its first tokens and their producers are the reference loop's."""
+    """The answer and the tokens each model wrote (`routed`: by R-Stitch at the demo's
+    threshold, asked for), checked: usage exact, the stream says the same, and its first
+    tokens and their producers are the reference loop's."""
     messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": question}]
+    routing = {"routing": {"threshold": pair.threshold}} if routed else {}
     resp = client.chat.completions.create(
         model="small+large", messages=messages, max_tokens=max_tokens, temperature=0,
-        extra_body={"return_token_ids": True},
+        extra_body={"return_token_ids": True, **routing},
     )  # fmt: skip
     text = resp.choices[0].message.content or ""
     extra = resp.choices[0].model_extra or {}
@@ -118,14 +131,14 @@ def ask(
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
     counts = (resp.model_extra or {})["tokens_per_model"]
     assert sum(counts.values()) == resp.usage.completion_tokens
-    if question in oracle:  # the reference loop's answer, token for token, producers too
-        trace = oracle[question]
+    if (question, routed) in oracle:  # the reference loop's, token for token, producers too
+        trace = oracle[question, routed]
         assert extra["token_ids"] == trace.tokens
         assert counts == {"small": trace.models.count(0), "large": trace.models.count(1)}
 
     stream = client.chat.completions.create(
         model="small+large", messages=messages, max_tokens=max_tokens, temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        stream=True, stream_options={"include_usage": True}, extra_body=routing,
     )  # fmt: skip
     pieces, usage = [], None
     for chunk in stream:
@@ -141,13 +154,13 @@ def ask(
     return text, counts
 
 
-def test_demo_answers_paris(demo: Daemon, pair: DemoPair, oracle: dict[str, Trace]) -> None:
+def test_demo_answers_paris(demo: Daemon, pair: DemoPair, oracle: dict[Key, Trace]) -> None:
     text, _ = ask(demo.client(timeout=300), pair, oracle, FRANCE, max_tokens=24)
     assert "Paris" in text, text
 
 
 def test_demo_writes_a_fibonacci_function_that_runs(
-    demo: Daemon, pair: DemoPair, oracle: dict[str, Trace]
+    demo: Daemon, pair: DemoPair, oracle: dict[Key, Trace]
 ) -> None:
     text, _ = ask(demo.client(timeout=300), pair, oracle, FIBONACCI, max_tokens=160)
     blocks = re.findall(r"```(?:python)?\n(.*?)```", text, re.DOTALL)
@@ -160,7 +173,12 @@ def test_demo_writes_a_fibonacci_function_that_runs(
 
 
 def test_demo_routes_where_the_small_model_is_unsure(
-    demo: Daemon, pair: DemoPair, oracle: dict[str, Trace]
+    demo: Daemon, pair: DemoPair, oracle: dict[Key, Trace]
 ) -> None:
-    _, counts = ask(demo.client(timeout=300), pair, oracle, HASH_MAP, max_tokens=32)
+    _, counts = ask(demo.client(timeout=300), pair, oracle, HASH_MAP, 32, routed=True)
     assert counts["small"] > 0 and counts["large"] > 0, counts  # both models wrote
+    # Without routing the 1.5B writes every token, the 0.5B's accepted proposals among them
+    _, counts = ask(demo.client(timeout=300), pair, oracle, HASH_MAP, 32)
+    assert counts == {"small": 0, "large": 32}, counts
+    large = next(e for e in demo.status()["engines"] if e["name"] == "large")
+    assert large["accepted"] > 0, large

@@ -1,5 +1,6 @@
 """A request's own routing and priority through the real daemon (two engine processes,
-float64, R-Stitch) and the official openai client (`extra_body`).
+float64, R-Stitch, the large model verifying the small one's proposals for the requests
+pinned to it) and the official openai client (`extra_body`).
 
 Each routing gives the reference loop's tokens and producers (a share held within the
 request, a threshold of its own, one model for every token, and none: the daemon's
@@ -24,6 +25,7 @@ from typing import Any
 
 import openai
 import pytest
+import yaml
 from transformers import AutoTokenizer
 
 from trd.policies.params import PolicySpec
@@ -56,6 +58,10 @@ def launched(
     tmp = tmp_path_factory.mktemp("e2e_routing")
     engine = {"threads": 1, "max_batch_size": 1, "max_batch_tokens": 512}
     config = write_config(tmp, tiny_models, NAMES, "float64", policy=POLICY, engine=engine)
+    # The large model verifies the small one's proposals: what it writes is still its own
+    raw = yaml.safe_load(config.read_text())
+    raw["models"][1]["draft"] = "small"
+    config.write_text(yaml.safe_dump(raw))
     d = launch_daemon(config)
     yield d
     assert d.stop() == 0, d.log()
@@ -112,6 +118,9 @@ def test_every_routing_gives_the_oracle_s_tokens_and_reports_them(
         assert text == want_text, (name, prompt, stream)
         assert info["tokens_per_model"] == want_counts, (name, prompt, stream)
         assert info["large_share"] == want_counts["large"] / MAX_TOKENS
+    # The large model's requests were speculated: proposals verified, most accepted
+    large = engine(daemon, "large")
+    assert large["proposed"] > 0 and large["accepted"] > 0
     pinned = {n: oracle[n, p][1] for n in ("large", "small") for p in PROMPTS}
     assert pinned == {"large": {"small": 0, "large": MAX_TOKENS},
                       "small": {"small": MAX_TOKENS, "large": 0}}  # fmt: skip

@@ -41,24 +41,29 @@ def test_routing_reaches_the_engines(
         assert ans.submits[0].params.routing == routing
 
 
-# With policy.request_large_share 0.3: what a request that asks nothing gets instead
+# The daemon's default (policy.request_large_share 0.3, or request_model: large as
+# `--demo` has it): what a request that asks nothing gets instead, and what asks wins
+SHARED, PINNED = RoutingParams(large_share=0.3), RoutingParams(model=1)
 DEFAULTED = [
-    ({}, RoutingParams(large_share=0.3)),
-    ({"routing": None}, RoutingParams(large_share=0.3)),
-    ({"routing": {}}, RoutingParams(large_share=0.3)),
-    ({"routing": {"threshold": None}}, RoutingParams(large_share=0.3)),
-    ({"routing": {"large_share": 0.05}}, RoutingParams(large_share=0.05)),
-    ({"routing": {"threshold": 0.1}}, RoutingParams(threshold=0.1)),
-    ({"routing": {"model": "small"}}, RoutingParams(model=0)),
+    *((default, {}, default) for default in (SHARED, PINNED)),
+    *((default, {"routing": None}, default) for default in (SHARED, PINNED)),
+    *((default, {"routing": {}}, default) for default in (SHARED, PINNED)),
+    *((default, {"routing": {"threshold": None}}, default) for default in (SHARED, PINNED)),
+    (SHARED, {"routing": {"large_share": 0.05}}, RoutingParams(large_share=0.05)),
+    (PINNED, {"routing": {"large_share": 0.3}}, RoutingParams(large_share=0.3)),
+    (SHARED, {"routing": {"threshold": 0.1}}, RoutingParams(threshold=0.1)),
+    (PINNED, {"routing": {"threshold": 0.1}}, RoutingParams(threshold=0.1)),
+    (SHARED, {"routing": {"model": "small"}}, RoutingParams(model=0)),
+    (PINNED, {"routing": {"model": "small"}}, RoutingParams(model=0)),
 ]
 
 
-@pytest.mark.parametrize(("fields", "routing"), DEFAULTED)
-def test_the_daemon_s_request_share_is_the_default_routing(
-    encoder: PromptEncoder, fields: dict[str, Any], routing: RoutingParams
+@pytest.mark.parametrize(("default", "fields", "routing"), DEFAULTED)
+def test_the_daemon_s_default_routing_holds_unless_a_request_asks(
+    encoder: PromptEncoder, default: RoutingParams, fields: dict[str, Any], routing: RoutingParams
 ) -> None:
     for path, body in BODIES:
-        ans = post(encoder, path, body(**fields), share=0.3)
+        ans = post(encoder, path, body(**fields), default=default)
         assert ans.status == 200, ans.body
         assert ans.submits[0].params.routing == routing
 

@@ -108,3 +108,20 @@ def test_held_back_prefix_is_released_when_no_stop_follows(tok: Tokenizer) -> No
     assert released == "abc "  # "xy" could still become "xyz!"
     assert stream.finish() == "xy"
     assert not stream.stopped
+
+
+@pytest.mark.parametrize("keep_stop", [False, True])
+def test_tokens_arriving_together_end_at_the_one_that_completes_a_stop(
+    tok: Tokenizer, keep_stop: bool
+) -> None:
+    """A speculating engine commits several tokens at once: the tokens served (`read`,
+    what usage, token ids and producers count) end where one token at a time would."""
+    ids = tok.encode(TEXT).ids
+    for stop in ("wörld", "ö", "日本", "naïve"):
+        alone = Fed(tok, [stop], keep_stop)
+        text_alone = "".join(feed(alone, ids))
+        for size in (2, 3, 5, len(ids)):
+            chunked = Fed(tok, [stop], keep_stop)
+            out = [chunked.push(ids[i : i + size]) for i in range(0, len(ids), size)]
+            assert "".join([*out, chunked.finish()]) == text_alone, (stop, size)
+            assert chunked.stream.read == alone.stream.read < len(ids), (stop, size)

@@ -122,6 +122,7 @@ def format_status(s: dict[str, Any]) -> str:
     if s.get("share"):
         head.append(format_share(s["share"]))
     dense = [format_crossover(e) for e in s["engines"] if e.get("crossover")]
+    dense += [format_draft(e) for e in s["engines"] if e.get("draft")]
     return "\n".join([*head, format_mps(s["mps"]), "", table(rows), *dense,
                       f"max_wait_ms {wait:g}", "", "memory plan:",
                       s["memory_plan_table"]])  # fmt: skip
@@ -132,6 +133,14 @@ def format_crossover(e: dict[str, Any]) -> str:
     run dense (measured at engine start), "never" when the kernel won at every count."""
     parts = [f"{k}: {'never' if c is None else c}" for k, c in e["crossover"].items()]
     return f"{e['name']}: quantised linears run dense from rows: {', '.join(parts)}"
+
+
+def format_draft(e: dict[str, Any]) -> str:
+    """A speculating engine: its draft model, and how many of its proposals it accepted."""
+    proposed, accepted = e.get("proposed") or 0, e.get("accepted") or 0
+    rate = f" ({accepted / proposed:.0%})" if proposed else ""
+    return (f"{e['name']}: verifies the proposals of {e['draft']}: {accepted} of {proposed} "
+            f"accepted{rate}")  # fmt: skip
 
 
 def _mib(memory: dict[str, Any] | None) -> str:

@@ -19,10 +19,14 @@
                                     prefix cache (default: engine.prefix_cache, true)
                                     prefill_ahead: true = this model prefills each new
                                     prompt as it arrives (default: engine.prefill_ahead)
+                                    draft: NAME = another model of this host whose greedy
+                                    proposals this one verifies (speculative decoding in
+                                    its engine: trd/engines/speculate.py)
     remote_token: a secret both hosts share (required with a remote model)
     policy: {name: rstitch, <the policy's params: trd/policies/params.py>,
              target_large_share: 0 < s < 1 (a policy with a threshold: held by the daemon)
-             or request_large_share: 0 < s < 1 (held within each request without routing)}
+             or request_large_share: 0 < s < 1 (held within each request without routing)
+             or request_model: NAME (writes every token of a request without routing)}
     batching: {thresholds: {model: [B, ...]}, max_wait_ms: 20, auto_interval_s: 0}
     engine: {<trd/engines/spec.py EngineSettings: each key, default and check>}
     shutdown: {grace_s: 30}         restart: {max_retries: 3, backoff_s: 1.0}
@@ -57,7 +61,16 @@ from trd.models.checkpoint import DTYPES, Checkpoint, CheckpointError, read_chec
 from trd.models.quantization import MODES
 from trd.models.tokenizers import TOKENIZER_FILE, chat_template, first_difference, read_tokenizer
 from trd.policies.pair import check_head_pair
-from trd.policies.params import GatedParams, PolicyError, PolicySpec, parse_policy
+from trd.policies.params import (
+    MODEL_KEY,
+    GatedParams,
+    PolicyError,
+    PolicySpec,
+    parse_policy,
+    request_model,
+    request_share,
+)
+from trd.protocol import NO_ROUTING, RoutingParams
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
@@ -76,6 +89,9 @@ class DemoModels(Protocol):
 
     @property
     def models(self) -> dict[str, Path]: ...
+
+    @property
+    def speculate(self) -> bool: ...
 
     def policy(self, large_share: float | None = None) -> dict[str, Any]: ...
 
@@ -146,6 +162,7 @@ class ModelEntry:
     # none | int8 | int4: how its matrices are served (a quantised checkpoint: its own mode)
     quantization: str = "none"
     prefill_ahead: bool | None = None  # likewise; None: engine.prefill_ahead
+    draft: str | None = None  # the model (by name) whose proposals this one verifies
 
     def settings(self, engine: EngineSettings) -> EngineSettings:
         """The engine settings this model runs with: `engine:`, its own switches applied."""
@@ -225,6 +242,7 @@ class Config:
                     "path": str(pair.models[name]),
                     "dtype": pair.dtype,
                     "quantization": pair.modes[name],
+                    **({"draft": "small"} if name == "large" and pair.speculate else {}),
                 }
                 for name in ("small", "large")
             ],
@@ -354,6 +372,10 @@ def _policy(sec: Section, models: tuple[ModelEntry, ...]) -> PolicySpec:
     params = sec.rest()
     try:
         parsed = parse_policy(name, params, len(models))
+        pin = request_model(PolicySpec(name, params))
+        if pin is not None and pin not in [m.name for m in models]:
+            served = [m.name for m in models]
+            raise PolicyError(f"policy.{MODEL_KEY}: {pin!r}: not a served model ({served})")
         # A trained head names its pair; another pair's head is refused here, at start.
         small, large = models[0], models[-1]
         if isinstance(parsed, GatedParams) and small.checkpoint and large.checkpoint:
@@ -415,6 +437,7 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
             key: None if sec.get(key, None) is None else sec.boolean(key)
             for key in ("prefix_cache", "prefill_ahead")
         }
+        draft = None if sec.get("draft", None) is None else sec.string("draft")
         sec.done()
         if i == 0 and remote is not None:
             fail("models[0].remote", raw_remote, "the entry model runs with the daemon: the "
@@ -427,7 +450,8 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
                 fail(f"models[{i}].path", str(path), f"not a servable checkpoint: {exc}")
             quantization = _quantization(i, quantization, ckpt, item)
         entries.append(ModelEntry(name, path, dtype, ckpt, remote, quantization=quantization,
-                                  **switches))  # fmt: skip
+                                  draft=draft, **switches))  # fmt: skip
+    _check_drafts(entries)
     if serve is not None:
         if serve not in [e.name for e in entries]:
             names = [e.name for e in entries]
@@ -437,6 +461,35 @@ def _models(items: list[Any], base_dir: Path, serve: str | None) -> tuple[ModelE
         fail("models[0].path", str(entries[0].path), "the entry model has no tokenizer.json")
     _check_one_tokenizer(entries)
     return tuple(entries)
+
+
+def _check_drafts(entries: list[ModelEntry]) -> None:
+    """A draft is another model of this config, and both run on this host (the draft is
+    loaded into the verifying model's engine process; one tokenizer: checked for all)."""
+    names = [e.name for e in entries]
+    for i, e in enumerate(entries):
+        if e.draft is None:
+            continue
+        if e.draft == e.name or e.draft not in names:
+            others = [n for n in names if n != e.name]
+            fail(f"models[{i}].draft", e.draft, f"another model of this config ({others})")
+        if e.remote is not None or entries[names.index(e.draft)].remote is not None:
+            fail(f"models[{i}].draft", e.draft, "both models run on this host (the draft is "
+                 "loaded into this model's engine)")  # fmt: skip
+
+
+def default_routing(cfg: Config) -> RoutingParams:
+    """What a request without `routing` gets: policy.request_model's model for every token,
+    policy.request_large_share's share, or the daemon's policy (NO_ROUTING)."""
+    share, pin = request_share(cfg.policy), request_model(cfg.policy)
+    if pin is not None:
+        return RoutingParams(model=[m.name for m in cfg.models].index(pin))
+    return NO_ROUTING if share is None else RoutingParams(large_share=share)
+
+
+def draft_of(cfg: Config, entry: ModelEntry) -> ModelEntry | None:
+    """The model whose proposals `entry` verifies (its `draft`), if any."""
+    return next((m for m in cfg.models if m.name == entry.draft), None)
 
 
 def _quantization(i: int, mode: str, ckpt: Checkpoint, item: dict[str, Any]) -> str:

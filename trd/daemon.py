@@ -36,7 +36,7 @@ from aiohttp import web
 
 from trd import version
 from trd.commands import Subcommand, listing
-from trd.config import Address, Config, ConfigError, load_config
+from trd.config import Address, Config, ConfigError, default_routing, load_config
 from trd.demo.pair import DEMOS
 from trd.frontend.admin import AdminApi, MpsState
 from trd.frontend.app import OpenAIApi, Served
@@ -46,7 +46,6 @@ from trd.frontend.tokens import PromptEncoder
 from trd.logs import StderrTap, exit_now, setup_logging
 from trd.memplan.plan import PlanError
 from trd.mps.manager import MpsError, MpsManager
-from trd.policies.params import request_share
 from trd.sdnotify import Notifier, write_ready_file
 from trd.supervisor.control import Controllers
 from trd.supervisor.deployment import Deployment, plan_deployment, quantization_lines
@@ -94,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "the request unless it brings its own routing (default: off, R-Stitch's "
                    "fixed threshold; 0.3 bought 5 points of HumanEval for a quarter to a "
                    "third of the speed: docs/quality.md, docs/benchmarks.md)")  # fmt: skip
+    p.add_argument("--speculate", choices=("on", "off"),
+                   help="--demo: the large model verifies the small one's proposals "
+                   "(speculative decoding in its engine) and writes every request that asks no "
+                   "routing of its own: the 1.5B's own greedy answers, faster than it alone "
+                   "at a few requests (default: on for qwen unless a share is asked for, off "
+                   "for tiny; off: R-Stitch routes every request: docs/demo.md)")  # fmt: skip
     p.add_argument("--large-share", type=float, metavar="SHARE",
                    help="--demo: hold the large model's share of all tokens at SHARE (0..1) by "
                    "moving R-Stitch's threshold (the share control), instead of each "
@@ -132,6 +137,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 "request's), not both")  # fmt: skip
     if args.quantization is not None and args.demo is None:
         p.error("--quantization goes with --demo (with --config: models[].quantization)")
+    if args.speculate is not None and args.demo is None:
+        p.error("--speculate goes with --demo (with --config: models[].draft and "
+                "policy.request_model)")  # fmt: skip
     if args.quantization is not None:
         from trd.demo.pair import pair_modes
 
@@ -166,6 +174,8 @@ def _config(args: argparse.Namespace) -> Config:
         pair = ensure_demo_pair(args.demo, quantization=quantization)
         if args.request_share is not None:  # 0.0: off
             pair = replace(pair, request_share=args.request_share or None)
+        if args.speculate is not None:
+            pair = replace(pair, speculate=args.speculate == "on")
         cfg = Config.demo(pair, args.port, args.large_share)
     flags = {"api_key_file": args.api_key_file, "ssl_certfile": args.ssl_certfile,
              "ssl_keyfile": args.ssl_keyfile}  # fmt: skip
@@ -225,6 +235,15 @@ def _start(args: argparse.Namespace, tap: StderrTap | None) -> int:
         print(f"prefix cache: {', '.join(caches)}")
         ahead = [m.name for m in cfg.models[1:] if m.settings(cfg.engine).prefill_ahead]
         print(f"prefill ahead: {', '.join(ahead) or 'off'}")
+        drafts = [
+            f"{m.name} verifies {m.draft}'s proposals ({cfg.engine.draft_tokens} a step, "
+            f"its weights and KV counted in {m.name}'s)"
+            for m in cfg.models
+            if m.draft
+        ]
+        print(f"speculative decoding: {'; '.join(drafts) or 'off'}")
+        if (pin := default_routing(cfg).model) is not None:
+            print(f"requests without routing: {cfg.models[pin].name} writes every token")
         for m in cfg.models:
             if m.remote is not None:
                 print(f"model {m.name!r} runs at {m.remote}: its host plans its own memory; "
@@ -341,7 +360,7 @@ class Daemon:
             vocab_size=entry.checkpoint.vocab_limit,
             created=int(time.time()),
             policy=self.cfg.policy.name,
-            share=request_share(self.cfg.policy),
+            default=default_routing(self.cfg),
         )
 
     async def _open(

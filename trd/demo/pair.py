@@ -34,6 +34,10 @@ MAX_MODEL_LEN = {"qwen": 4096, "tiny": 1024}
 # The served dtype: the Qwen pair is stored in bfloat16; the fixtures' tests are float32.
 DTYPE = {"qwen": "bfloat16", "tiny": "float32"}
 QUANTIZATIONS = ("none", "int8", "int4")
+# Whether --demo's large model verifies the small one's proposals and writes every request
+# that asks no routing of its own (`--speculate`): the 1.5B's own greedy tokens, faster
+# (trd/engines/speculate.py, docs/demo.md). Off for the fixtures, whose tests route.
+SPECULATE = {"qwen": True, "tiny": False}
 # The weights `tokenrouterd --demo` serves unless --quantization says otherwise: the Qwen
 # 0.5B in int8 and the 1.5B in int4, the fastest whose HumanEval pass@1 stays within 2
 # points of its bfloat16 import's (the 0.5B's int4 loses 5.5: most of its blocks are 5-bit
@@ -67,6 +71,9 @@ class DemoPair:
     # each large token costs the 0.5B step that found it unsure, a handoff each way and a
     # 1.5B step over the suffix; results/2026-12-07-compare-baseline-amd/, docs/benchmarks.md).
     request_share: float | None = None
+    # The large model loads the small one as its draft (models[].draft); requests without
+    # routing are its (policy.request_model), unless a share is asked for.
+    speculate: bool = False
 
     @property
     def modes(self) -> dict[str, str]:
@@ -75,12 +82,14 @@ class DemoPair:
     def policy(self, large_share: float | None = None) -> dict[str, Any]:
         """The demo's routing policy: R-Stitch at the pair's threshold, each request holding
         `request_share`; with `large_share`, the share control holds that over all traffic
-        instead."""
+        instead; with neither and `speculate`, each request is the large model's."""
         policy: dict[str, Any] = {"name": "rstitch", "threshold": self.threshold}
         if large_share is not None:
             policy["target_large_share"] = large_share
         elif self.request_share is not None:
             policy["request_large_share"] = self.request_share
+        elif self.speculate:
+            policy["request_model"] = "large"
         return policy
 
 
@@ -102,4 +111,5 @@ def ensure_demo_pair(
         models = ensure_qwen_pair(cache_dir, modes)
     else:
         raise ValueError(f"demo pair {name!r} is not one of {', '.join(DEMOS)}")
-    return DemoPair(name, models, RSTITCH_TAU[name], MAX_MODEL_LEN[name], dtype, quantization)
+    return DemoPair(name, models, RSTITCH_TAU[name], MAX_MODEL_LEN[name], dtype, quantization,
+                    speculate=SPECULATE[name])  # fmt: skip

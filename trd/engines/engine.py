@@ -30,6 +30,7 @@ from trd.engines.runner import ForwardOutput, ModelRunner
 from trd.engines.sampler import ban_early_stops, sample_tensor
 from trd.engines.scheduler import Scheduled, Scheduler
 from trd.engines.spec import EngineSpec
+from trd.engines.speculate import Speculator, Verified
 from trd.engines.step import StepResult, TokenLogprobs
 from trd.protocol import FinishReason, SamplingParams
 
@@ -58,6 +59,7 @@ class Engine:
         self.constraints = Constraints(
             spec.checkpoint.path, self.cfg.eos_token_ids, spec.settings.grammar_cache
         )
+        self.speculator = Speculator.of(spec)  # None without a draft model
 
     # -- requests ---------------------------------------------------------------------
     def add_request(
@@ -103,10 +105,29 @@ class Engine:
         return bool(self.scheduler.requests)
 
     # -- stepping ---------------------------------------------------------------------
+    def schedule(self) -> list[Scheduled]:
+        return self.scheduler.schedule()
+
+    def speculate(self, batch: list[Scheduled]) -> list[Verified] | None:
+        """The batch's speculative step (trd/engines/speculate.py), or None when it does not
+        speculate (no draft model, or a request that does not qualify): `forward` then."""
+        if self.speculator is None:
+            return None
+        try:
+            return self.speculator.step(self.runner, self.scheduler, batch)
+        except Exception:
+            # Nothing committed and no KV of this model kept: the plain step serves the
+            # batch (each request alone if it fails); the draft starts over.
+            log.exception("speculative step failed for %d requests: a plain step", len(batch))
+            for item in batch:
+                item.req.draft_kv = 0
+            return None
+
     @torch.inference_mode()
-    def forward(self) -> StepResult | None:
-        """Run one batch; advance anchors; sample a candidate for each completed feed."""
-        batch = self.scheduler.schedule()
+    def forward(self, batch: list[Scheduled] | None = None) -> StepResult | None:
+        """Run one batch (the scheduler's next, unless given); advance anchors; sample a
+        candidate for each completed feed."""
+        batch = self.scheduler.schedule() if batch is None else batch
         if not batch:
             return None
         out, failed = self._run(batch)
@@ -160,6 +181,17 @@ class Engine:
                 return reason
         return FinishReason.NONE
 
+    def _commit_verified(self, v: Verified) -> list[TokenOutput]:
+        if v.error:
+            self.scheduler.finish(v.req)
+            return [TokenOutput(v.req.rid, -1, FinishReason.ERROR, v.error)]
+        reason = self.commit(v.req, v.tokens)
+        n = len(v.req.seq) - v.base
+        return [
+            TokenOutput(v.req.rid, t, reason if i == n - 1 else FinishReason.NONE)
+            for i, t in enumerate(v.req.seq[v.base :])
+        ]
+
     def stop_reason(self, req: Request, token: int) -> FinishReason:
         p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.cfg.eos_token_ids):
@@ -169,8 +201,13 @@ class Engine:
         return FinishReason.NONE
 
     def step(self) -> list[TokenOutput]:
-        """Single-model semantics: every sampled token is committed."""
-        result = self.forward()
+        """Single-model semantics: every sampled token is committed (a speculative step's
+        several, one TokenOutput each)."""
+        batch = self.schedule()
+        verified = self.speculate(batch) if batch else None
+        if verified is not None:
+            return [out for v in verified for out in self._commit_verified(v)]
+        result = self.forward(batch)
         if result is None:
             return []
         outputs = []

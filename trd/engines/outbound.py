@@ -41,9 +41,15 @@ class Outbound:
         self.finished: OrderedDict[int, None] = OrderedDict()
 
     def emit(
-        self, req: Request, pos: int, token: int, reason: FinishReason, lp: TokenLogprobs | None
+        self,
+        req: Request,
+        pos: int,
+        tokens: list[int],
+        reason: FinishReason,
+        lp: TokenLogprobs | None = None,
     ) -> Emit:
-        msg = Emit(req.rid, pos, _i32([token]), _u8([self.index]), reason)
+        """Committed tokens from output position `pos` on (log-probabilities: one token's)."""
+        msg = Emit(req.rid, pos, _i32(tokens), _u8([self.index] * len(tokens)), reason)
         if lp is not None:
             msg.logprobs = np.asarray([lp.logprob], np.float32)
             msg.top_ids = _i32(lp.top_ids)

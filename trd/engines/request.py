@@ -60,6 +60,9 @@ class Request:
     share_tau: float = math.nan
     scores: list[float] = field(default_factory=list)
     grammar: Any = None  # the request's grammar matcher here (trd.engines.constrain)
+    # Speculation (trd/engines/speculate.py): how much of `seq` the draft model holds in
+    # its KV over this request's pages (0 whenever the pages are dropped).
+    draft_kv: int = 0
 
     @property
     def num_output(self) -> int:

@@ -26,6 +26,7 @@ from trd.engines.launch import LaunchRule, make_launch_rule
 from trd.engines.outbound import Outbound, PeerGone, Send
 from trd.engines.request import Request, State
 from trd.engines.spec import EngineSpec
+from trd.engines.speculate import Verified
 from trd.engines.stats import EngineStats
 from trd.engines.step import StepResult, TokenLogprobs
 from trd.engines.threads import ThreadShare
@@ -83,7 +84,14 @@ class RoutingEngine:
     def step(self) -> bool:
         """Run one forward and apply the policy's routes; False when nothing was runnable."""
         start = time.perf_counter()
-        result = self.engine.forward()
+        batch = self.engine.schedule()
+        if not batch:
+            return False
+        verified = self.engine.speculate(batch)
+        if verified is not None:
+            self._commit_verified(verified, start)
+            return True
+        result = self.engine.forward(batch)
         if result is None:
             return False
         # The routes are decided on the device; then the step's one copy to the host.
@@ -104,12 +112,15 @@ class RoutingEngine:
             except Exception as exc:
                 log.exception("engine %d: routing request %x", self.index, req.rid)
                 self._fail(req, f"internal error: {type(exc).__name__}: {exc}")
+        self._deliver(emits, finished)
+        return True
+
+    def _deliver(self, emits: list[Emit], finished: list[Request]) -> None:
         for emit in emits:
             self.out.send(FRONTEND, emit)
         for req in finished:
             self.out.finish(req)
         self.inbox.step_end = time.perf_counter()
-        return True
 
     @torch.inference_mode()  # the step's tensors are inference tensors; no autograd here
     def _routes(self, result: StepResult) -> RouteBatch | list[Route | None]:
@@ -146,7 +157,7 @@ class RoutingEngine:
             pos = req.num_output
             req.large_tokens += self.index == self.last
             reason = self.engine.commit(req, [token])
-            emits.append(self.out.emit(req, pos, token, reason, lp))
+            emits.append(self.out.emit(req, pos, [token], reason, lp))
             if reason is not FinishReason.NONE:
                 finished.append(req)
                 return
@@ -154,6 +165,38 @@ class RoutingEngine:
             raise AssertionError(f"policy {self.policy.name} dropped a token and stayed")
         if route.dst != self.index:
             self._handoff(req, route.dst)
+
+    def _commit_verified(self, verified: list[Verified], start: float) -> None:
+        """A speculative step's tokens (each request stays here: it is pinned or alone)."""
+        fed = sum(v.fed for v in verified)
+        self.stats.record_step(len(verified), time.perf_counter() - start, fed)
+        self.launch.stepped()
+        emits: list[Emit] = []
+        finished: list[Request] = []
+        for v in verified:
+            if v.error:
+                self._fail(v.req, v.error)
+                continue
+            try:
+                self._apply_verified(v, emits, finished)
+            except Exception as exc:
+                log.exception("engine %d: committing request %x", self.index, v.req.rid)
+                self._fail(v.req, f"internal error: {type(exc).__name__}: {exc}")
+        self._deliver(emits, finished)
+
+    def _apply_verified(self, v: Verified, emits: list[Emit], finished: list[Request]) -> None:
+        req = v.req
+        req.forwards += 1
+        pos = req.num_output
+        reason = self.engine.commit(req, v.tokens)
+        tokens = req.seq[v.base :]
+        req.large_tokens += len(tokens) if self.index == self.last else 0
+        self.stats.record_route(self.index, len(tokens), req.params.routing.own)
+        self.stats.proposed += v.proposed
+        self.stats.accepted += len(v.tokens) - 1
+        emits.append(self.out.emit(req, pos, tokens, reason))
+        if reason is not FinishReason.NONE:
+            finished.append(req)
 
     def _handoff(self, req: Request, dst: int) -> None:
         extra = self.policy.send(req, dst)

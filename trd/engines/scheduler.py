@@ -127,6 +127,17 @@ class Scheduler:
             req.pages.extend(self.allocator.allocate(req.rid, need, after=last))
         return True
 
+    def reserve_free(self, req: Request, num_tokens: int) -> bool:
+        """Pages for `num_tokens` of the request from free pages only (no preemption): a
+        speculative step's proposals; False when there are too few."""
+        need = self.allocator.pages_for(num_tokens) - len(req.pages)
+        if need > self.allocator.num_free:
+            return False
+        if need > 0:
+            last = req.pages[-1] if req.pages else None
+            req.pages.extend(self.allocator.allocate(req.rid, need, after=last))
+        return True
+
     def match(self, req: Request) -> None:
         """A request without KV here starts from its longest cached prefix (looked up once
         per stretch without KV, so a request that waits for pages counts one query)."""
@@ -205,7 +216,7 @@ class Scheduler:
         """Drop the request's pages; with the cache its computed full blocks stay there."""
         self.cache_computed(req)
         self.allocator.free(req.rid, req.pages)
-        req.pages, req.cached_blocks = [], 0
+        req.pages, req.cached_blocks, req.draft_kv = [], 0, 0
 
     def finish(self, req: Request) -> None:
         self.release(req)

@@ -107,6 +107,14 @@ class EngineSettings:
         "handoff to it finds the prompt in its prefix cache (costs its compute for requests "
         "it never serves; needs prefix_cache)",
     )  # fmt: skip
+    draft_tokens: int = setting(
+        4, "a model with a draft (models[].draft): proposals per request and step", low=1
+    )
+    draft_rows: int = setting(
+        8, "a model with a draft: tokens per request and step at most draft_rows / requests "
+        "(no proposals from draft_rows / 2 requests on: verifying them costs more than it "
+        "saves)", low=2,
+    )  # fmt: skip
     grammar_cache: int = setting(
         256, "compiled grammars an engine keeps for the next request with the same one "
         "(least recently used dropped; 30-200 KB each)", low=1,
@@ -146,6 +154,15 @@ class BatchingSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class DraftModel:
+    """The model whose proposals an engine verifies: loaded in that engine's process."""
+
+    checkpoint: Checkpoint
+    dtype: str = "float32"
+    quantization: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSpec:
     index: int  # 0 = the entry model, which receives Submits
     name: str
@@ -164,6 +181,7 @@ class EngineSpec:
     thresholds: tuple[int, ...] = (1,)  # delayed batching: B indexed by active requests
     batching: BatchingSettings = BatchingSettings()
     env: dict[str, str] = field(default_factory=dict)  # e.g. the CUDA MPS pipe directory
+    draft: DraftModel | None = None  # speculative decoding (trd/engines/speculate.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

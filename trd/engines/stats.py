@@ -43,6 +43,8 @@ class EngineStats:
     prefills_ahead: int = 0
     prefills_adopted: int = 0
     prefills_late: int = 0
+    proposed: int = 0  # a draft model's proposals this engine verified (speculate.py)
+    accepted: int = 0  # of them, those it committed
     latency: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
     fed: deque[int] = field(default_factory=lambda: deque(maxlen=WINDOW))
     routes: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=WINDOW))
@@ -85,6 +87,8 @@ class EngineStats:
             "prefills_ahead": self.prefills_ahead,
             "prefills_adopted": self.prefills_adopted,
             "prefills_late": self.prefills_late,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
             "batch_size_mean": statistics.fmean(sizes) if sizes else 0.0,
             "step_ms_p50": 1e3 * statistics.median(s for _, s in self.latency)
             if self.latency

@@ -107,10 +107,12 @@ class AdminApi:
             tok_s, hand_s = rates.get(spec.name, (None, None))
             # A remote engine's path and device are on its host: its stats say them.
             if isinstance(spec, EngineSpec):
-                where = {"path": str(spec.checkpoint.path), "remote": None, "device": spec.device}
+                draft = None if spec.draft is None else str(spec.draft.checkpoint.path)
+                where = {"path": str(spec.checkpoint.path), "remote": None, "device": spec.device,
+                         "draft": draft}  # fmt: skip
             else:
                 where = {"path": s.get("path"), "remote": str(spec.address),
-                         "device": s.get("device")}  # fmt: skip
+                         "device": s.get("device"), "draft": None}  # fmt: skip
             out.append({
                 "model": spec.index, "name": spec.name, **where, "dtype": spec.dtype,
                 "pid": pid, "state": state,
@@ -127,6 +129,7 @@ class AdminApi:
                 "prefills_ahead": s.get("prefills_ahead"),
                 "prefills_adopted": s.get("prefills_adopted"),
                 "prefills_late": s.get("prefills_late"),
+                "proposed": s.get("proposed"), "accepted": s.get("accepted"),
                 "memory": s.get("memory"), "live": s.get("live"),
                 "quantization": s.get("quantization"), "crossover": s.get("crossover"),
                 "weight_bytes": s.get("weight_bytes"),

@@ -50,7 +50,7 @@ from trd.frontend.tokens import PromptEncoder
 from trd.frontend.tool_stream import ToolStream, end_tool_stream, with_calls
 from trd.frontend.tools import finish_reason
 from trd.logs import kv
-from trd.protocol import SamplingParams
+from trd.protocol import NO_ROUTING, RoutingParams, SamplingParams
 from trd.supervisor.hub import Hub, Unavailable
 
 log = logging.getLogger("trd.frontend")
@@ -68,7 +68,8 @@ class Served:
     vocab_size: int  # ids the tokenizer defines (Checkpoint.vocab_limit), not embedding rows
     created: int
     policy: str  # the routing policy's name: what a request's own `routing` may ask
-    share: float | None = None  # policy.request_large_share: held by requests that ask none
+    # The routing of a request that asks none (policy.request_large_share, request_model).
+    default: RoutingParams = NO_ROUTING
 
     @property
     def model_id(self) -> str:
@@ -76,7 +77,7 @@ class Served:
 
     @property
     def rules(self) -> RoutingRules:
-        return RoutingRules(self.policy, tuple(self.names), self.share)
+        return RoutingRules(self.policy, tuple(self.names), self.default)
 
 
 @dataclass(slots=True)

@@ -9,8 +9,9 @@
     "priority": -1                     vLLM's: lower first in every engine's queue
 
 A request without `routing` (or with `"routing": {}`) gets the daemon's: its policy as
-configured, or, with `policy.request_large_share: s`, `{"large_share": s}` (`tokenrouterd
---demo --request-share s`).
+configured; with `policy.request_large_share: s`, `{"large_share": s}` (`tokenrouterd
+--demo --request-share s`); with `policy.request_model: NAME`, `{"model": NAME}` (`--demo`:
+the large model, verifying the small one's proposals: trd/engines/speculate.py).
 
 The schema (trd/frontend/schema.py: Routing, RoutingFields) checks the types and the ranges
 that hold everywhere; here what depends on the daemon: whether its policy has a threshold
@@ -32,12 +33,13 @@ from trd.protocol import NO_ROUTING, RoutingParams
 class RoutingRules:
     policy: str  # the daemon's policy
     names: tuple[str, ...]  # the served models, entry first
-    share: float | None = None  # policy.request_large_share: a request's unless it asks
+    # A request's unless it asks: policy.request_large_share or policy.request_model.
+    default: RoutingParams = NO_ROUTING
 
     def params(self, req: RoutingFields) -> RoutingParams:
         """The engines' RoutingParams for `req`'s `routing`; ApiError (400) naming the key."""
         asked = req.routing
-        default = NO_ROUTING if self.share is None else RoutingParams(large_share=self.share)
+        default = self.default
         if asked is None:
             return default
         if asked.model is not None:

@@ -48,25 +48,44 @@ class TextStream:
         """Decode the ids appended since; return the text that became safe to send."""
         if self.stopped:
             return ""
-        self._decode(final=False)
-        return self._release(final=False)
+        return self._advance(final=False)
 
     def finish(self) -> str:
         """The request ended: decode what is left (even a broken character) and release it."""
         if self.stopped:
             return ""
-        self._decode(final=True)
-        return self._release(final=True)
+        out = self._advance(final=True)
+        return out if self.stopped else out + self._release(final=True)
 
-    def _decode(self, final: bool) -> None:
-        if self.read == len(self.ids):
-            return
+    def _advance(self, final: bool) -> str:
+        """Decode the new ids and release their text. With stop strings one token at a
+        time (a broken character: until it is whole), so that `read` ends at the token
+        that completes a stop string however many arrived together (an engine commits
+        several in one step when it speculates: trd/engines/speculate.py)."""
+        end = len(self.ids)
+        step = 1 if self.stops else end - self.read
+        upto, out = min(end, self.read + step), []
+        while self.read < end and not self.stopped:
+            last = final and upto == end
+            if self._decode(last, upto):
+                out.append(self._release(last))
+                upto = min(end, self.read + step)
+            elif upto < end:
+                upto += 1
+            else:
+                break
+        return "".join(out)
+
+    def _decode(self, final: bool, upto: int) -> bool:
+        """Add the text of ids[read:upto]; False (nothing added) while it ends inside a
+        character, unless `final`."""
         before = self.tok.decode(self.ids[self.prefix : self.read], skip_special_tokens=True)
-        window = self.tok.decode(self.ids[self.prefix :], skip_special_tokens=True)
+        window = self.tok.decode(self.ids[self.prefix : upto], skip_special_tokens=True)
         if window.endswith(_REPLACEMENT) and not final:
-            return  # the last character is incomplete; wait for its remaining bytes
+            return False  # the last character is incomplete; wait for its remaining bytes
         self.text += window[len(before) :]
-        self.prefix, self.read = self.read, len(self.ids)
+        self.prefix, self.read = self.read, upto
+        return True
 
     def _release(self, final: bool) -> str:
         cut = self._find_stop()

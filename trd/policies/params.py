@@ -161,6 +161,7 @@ THRESHOLDS = {
 TARGET_KEY = "target_large_share"
 REQUEST_KEY = "request_large_share"
 SHARE_KEYS = (TARGET_KEY, REQUEST_KEY)
+MODEL_KEY = "request_model"  # every policy: the model of each request without routing
 
 
 def parse_policy(name: str, raw: dict[str, Any], num_models: int) -> Params:
@@ -169,6 +170,7 @@ def parse_policy(name: str, raw: dict[str, Any], num_models: int) -> Params:
         raise _fail("name", name, f"unknown policy (choose from {sorted(PARAMS)})")
     cls = PARAMS[name]
     known = {f.name for f in fields(cls)} | (set(SHARE_KEYS) if name in THRESHOLDS else set())
+    known.add(MODEL_KEY)
     for key in raw:
         if key not in known:
             raise _fail(str(key), raw[key], f"unknown parameter of {name} (known: {sorted(known)})")
@@ -177,7 +179,17 @@ def parse_policy(name: str, raw: dict[str, Any], num_models: int) -> Params:
     if None not in shares:
         why = f"give it or {TARGET_KEY}, not both (a request's own share replaces the threshold"
         raise _fail(REQUEST_KEY, raw[REQUEST_KEY], why + " the share control moves)")
-    return cls(**{k: v for k, v in raw.items() if k not in SHARE_KEYS}).check(num_models)
+    if MODEL_KEY in raw and (shares[1] is not None or not isinstance(raw[MODEL_KEY], str)):
+        why = f"a served model's name, without {REQUEST_KEY} (each is a request's default)"
+        raise _fail(MODEL_KEY, raw[MODEL_KEY], why)
+    own = {k: v for k, v in raw.items() if k not in (*SHARE_KEYS, MODEL_KEY)}
+    return cls(**own).check(num_models)
+
+
+def request_model(spec: PolicySpec) -> str | None:
+    """The model that writes every token of a request without `routing`, if named."""
+    value = spec.params.get(MODEL_KEY)
+    return None if value is None else str(value)
 
 
 def target_share(spec: PolicySpec) -> float | None:

@@ -18,9 +18,9 @@ import shutil
 from dataclasses import dataclass, replace
 
 from trd import devices
-from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError, ModelEntry
+from trd.config import CPU_MAX_KV_TOKENS, Config, ConfigError, ModelEntry, draft_of
 from trd.engines.buckets import GraphShape, graph_shapes
-from trd.engines.spec import EngineSettings, EngineSpec
+from trd.engines.spec import DraftModel, EngineSettings, EngineSpec
 from trd.memplan.plan import MemoryPlan, ModelMem, device_budget, model_mem, plan_memory
 from trd.models.attention.support import choose_backend
 from trd.mps.manager import MPS_CONTROL
@@ -94,16 +94,20 @@ def plan_deployment(cfg: Config) -> Deployment:
     )
     attention = {m.name: _attention(cfg, device, m) for m in cfg.models if m.checkpoint is not None}
     mems = [
-        model_mem(
-            m.name,
-            m.checkpoint,
-            m.dtype,
-            device,
-            cfg.engine.max_batch_tokens,
-            engine_graphs(cfg.engine, device, attention[m.name][0]),
-            cfg.engine.page_size,
-            attention[m.name][0],
-            m.quantization,
+        _with_draft(
+            cfg,
+            m,
+            model_mem(
+                m.name,
+                m.checkpoint,
+                m.dtype,
+                device,
+                cfg.engine.max_batch_tokens,
+                engine_graphs(cfg.engine, device, attention[m.name][0]),
+                cfg.engine.page_size,
+                attention[m.name][0],
+                m.quantization,
+            ),
         )
         for m in cfg.models
         if m.checkpoint is not None
@@ -123,6 +127,20 @@ def plan_deployment(cfg: Config) -> Deployment:
     )
     uuid = gpu.uuid if gpu else ""
     return Deployment(device, uuid, use_mps, mps_reason, plan, specs, attention)
+
+
+def _with_draft(cfg: Config, m: ModelEntry, mem: ModelMem) -> ModelMem:
+    """A model with a draft holds the draft's weights too, and the draft's KV over the same
+    pages (trd/engines/speculate.py)."""
+    draft = draft_of(cfg, m)
+    if draft is None or draft.checkpoint is None:
+        return mem
+    ckpt = draft.checkpoint
+    return replace(
+        mem,
+        weight_bytes=mem.weight_bytes + ckpt.weight_bytes(draft.dtype, draft.quantization),
+        kv_bytes_per_token=mem.kv_bytes_per_token + ckpt.config.kv_bytes_per_token(draft.dtype),
+    )
 
 
 def _attention(cfg: Config, device: str, m: ModelEntry) -> tuple[str, str]:
@@ -162,7 +180,15 @@ def _spec(
         thresholds=cfg.thresholds.get(m.name, (1,)),
         batching=cfg.batching,
         env=engine_env(gpu),
+        draft=_draft(cfg, m),
     )
+
+
+def _draft(cfg: Config, m: ModelEntry) -> DraftModel | None:
+    draft = draft_of(cfg, m)
+    if draft is None or draft.checkpoint is None:
+        return None
+    return DraftModel(draft.checkpoint, draft.dtype, draft.quantization)
 
 
 def _remote(cfg: Config, i: int, m: ModelEntry) -> RemoteSpec:

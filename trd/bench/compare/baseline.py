@@ -50,6 +50,7 @@ class BaselinePlan:
     routed: tuple[str, ...]  # the quantizations our routed pair runs in
     alone: tuple[str, ...]  # ... and our engine's 1.5B alone
     shares: tuple[float, ...] = ()  # request shares the first routed pair also runs at
+    rstitch: bool = False  # ... and R-Stitch for every request (the demo speculates)
 
 
 BASELINES = {
@@ -58,7 +59,7 @@ BASELINES = {
     # int8; about an hour on 2 cores (--systems runs
     # some of them) (`tokenrouterd bench step` compares bfloat16, int8 and int4 step by step)
     "baseline": BaselinePlan(
-        (1, 16), 16, 256, True, ("int8,int4", "int4", "int8"), ("int4",), (0.3,)
+        (1, 16), 16, 256, True, ("int8,int4", "int4", "int8"), ("int4",), (0.3,), True
     ),
     "baseline_smoke": BaselinePlan((1, 2), 2, 8, False, ("none", "int8"), ("none",)),
 }
@@ -81,12 +82,19 @@ def at_share(quant: str, share: float) -> str:
     return f"{ours(quant)[0]}@share{share:g}"
 
 
+def routed_only(quant: str) -> str:
+    """The name of our pair in `quant` weights routing every request by R-Stitch (where
+    the demo's default is the large model verifying the small one's proposals)."""
+    return f"{ours(quant)[0]}@rstitch"
+
+
 def names_of(plan: BaselinePlan) -> list[str]:
     """The plan's systems, in the order they run."""
     names = [*(LLAMA if plan.llama else ())]
     for quant in dict.fromkeys(plan.routed + plan.alone):
         routed, alone = ours(quant)
         names += [routed] * (quant in plan.routed)
+        names += [routed_only(quant)] * (plan.rstitch and (quant,) == plan.routed[:1])
         names += [at_share(quant, s) for s in plan.shares if (quant,) == plan.routed[:1]]
         names += [alone] * (quant in plan.alone)
     return names
@@ -118,20 +126,30 @@ def systems(
     daemons = {}
     for quant in dict.fromkeys(plan.routed + plan.alone):
         routed, alone = ours(quant)
-        shared = {at_share(quant, s): s for s in plan.shares if (quant,) == plan.routed[:1]}
-        if not {routed, alone, *shared} & set(chosen):
+        first = (quant,) == plan.routed[:1]
+        shared = {at_share(quant, s): s for s in plan.shares if first}
+        plain = routed_only(quant) if plan.rstitch and first else None
+        if not {routed, alone, plain, *shared} & set(chosen):
             continue
         demo = ensure_demo_pair(pair, cache_dir, quant)
         common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
                                   "max_model_len": demo.max_model_len}  # fmt: skip
         if pair == "tiny" and quant != "none":  # the fixtures are quantised at load
             common["per_model"] = {n: {"quantization": demo.modes[n]} for n in demo.models}
+        # The large model drafts with the small one where the demo does (`--speculate`).
+        drafting = {"large": {"draft": "small"}} if demo.speculate else {}
+        quantised = common.pop("per_model", {})
+        per_model = {n: {**quantised.get(n, {}), **drafting.get(n, {})} for n in demo.models}
         if routed in chosen:
-            daemons[routed] = daemon_config(demo.models, demo.policy(), **common)
+            daemons[routed] = daemon_config(demo.models, demo.policy(), per_model=per_model,
+                                            **common)  # fmt: skip
+        if plain in chosen:
+            policy = replace(demo, speculate=False).policy()
+            daemons[plain] = daemon_config(demo.models, policy, per_model=per_model, **common)
         for name, share in shared.items():
             if name in chosen:
                 policy = replace(demo, request_share=share).policy()
-                daemons[name] = daemon_config(demo.models, policy, **common)
+                daemons[name] = daemon_config(demo.models, policy, per_model=per_model, **common)
         if alone in chosen:
             large = {"large": demo.models["large"]}
             daemons[alone] = daemon_config(large, {"name": "rstitch"}, **common)
