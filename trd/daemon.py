@@ -2,7 +2,8 @@
 (OpenAI-compatible HTTP API).
 
     tokenrouterd --config FILE       serve (what systemd runs)
-    tokenrouterd --demo [qwen|tiny] [--port P]      serve a demo pair with R-Stitch on CPU
+    tokenrouterd --demo [qwen|tiny] [--port P]      serve a demo pair on CPU (qwen: the large
+                                     model drafted by the small one; R-Stitch per request)
     tokenrouterd --check --config F  validate the config and print the memory plan
     tokenrouterd NAME ...            a subcommand of `SUBCOMMANDS` (tokenrouterd --help
                                      lists them): bench, eval, import-gguf, engine, train-router
