@@ -99,6 +99,10 @@ def test_one_system_is_measured_at_each_n_of_its_plan(
     ((pair_cfg, _),) = systems(mixed, "tiny", CACHE_DIR).values()  # each model its own mode
     assert [m.get("quantization") for m in pair_cfg["models"]] == ["none", "int8"]
     assert names_of(mixed) == ["tokenrouterd_none+int8"]
+    alone8 = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=(),
+                          alone=("int8",))  # fmt: skip
+    ((std8, _),) = systems(alone8, "tiny", CACHE_DIR).values()  # quantised alone too
+    assert [m.get("quantization") for m in std8["models"]] == ["int8"]
     shared = BaselinePlan(ns=(1,), prompts=1, max_tokens=4, llama=False, routed=("none",),
                           alone=(), shares=(0.5,))  # fmt: skip
     found = systems(shared, "tiny", CACHE_DIR)

@@ -122,9 +122,7 @@ class Scheduler:
             if victim is None:
                 return False
             self.preempt(victim)
-        if need > 0:
-            last = req.pages[-1] if req.pages else None
-            req.pages.extend(self.allocator.allocate(req.rid, need, after=last))
+        self._allocate(req, need)
         return True
 
     def reserve_free(self, req: Request, num_tokens: int) -> bool:
@@ -133,10 +131,13 @@ class Scheduler:
         need = self.allocator.pages_for(num_tokens) - len(req.pages)
         if need > self.allocator.num_free:
             return False
+        self._allocate(req, need)
+        return True
+
+    def _allocate(self, req: Request, need: int) -> None:
         if need > 0:
             last = req.pages[-1] if req.pages else None
             req.pages.extend(self.allocator.allocate(req.rid, need, after=last))
-        return True
 
     def match(self, req: Request) -> None:
         """A request without KV here starts from its longest cached prefix (looked up once

@@ -1,7 +1,7 @@
 """Speculative decoding inside one engine: a draft model proposes, this model verifies.
 
-    spec = Speculator.of(engine_spec)      # None without a draft model
-    done = spec.step(scheduler, batch)     # None: this batch does not speculate
+    spec = Speculator.of(engine_spec)              # None without a draft model
+    done = spec.step(runner, scheduler, batch)     # None: this batch does not speculate
 
 A step speculates when every request in it is a greedy decode that stays on this engine
 (pinned here by `routing.model`, or the engine serves alone) and asks for nothing a draft

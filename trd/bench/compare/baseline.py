@@ -134,12 +134,12 @@ def systems(
         demo = ensure_demo_pair(pair, cache_dir, quant)
         common: dict[str, Any] = {"dtype": demo.dtype, "kv_tokens": 16384,
                                   "max_model_len": demo.max_model_len}  # fmt: skip
-        if pair == "tiny" and quant != "none":  # the fixtures are quantised at load
-            common["per_model"] = {n: {"quantization": demo.modes[n]} for n in demo.models}
-        # The large model drafts with the small one where the demo does (`--speculate`).
+        # The fixtures are quantised at load; the large model drafts with the small one
+        # where the demo does (`--speculate`), in the pair's daemons.
+        fixtures = pair == "tiny" and quant != "none"
+        quantised = {n: {"quantization": demo.modes[n]} if fixtures else {} for n in demo.models}
         drafting = {"large": {"draft": "small"}} if demo.speculate else {}
-        quantised = common.pop("per_model", {})
-        per_model = {n: {**quantised.get(n, {}), **drafting.get(n, {})} for n in demo.models}
+        per_model = {n: {**quantised[n], **drafting.get(n, {})} for n in demo.models}
         if routed in chosen:
             daemons[routed] = daemon_config(demo.models, demo.policy(), per_model=per_model,
                                             **common)  # fmt: skip
@@ -152,7 +152,8 @@ def systems(
                 daemons[name] = daemon_config(demo.models, policy, per_model=per_model, **common)
         if alone in chosen:
             large = {"large": demo.models["large"]}
-            daemons[alone] = daemon_config(large, {"name": "rstitch"}, **common)
+            daemons[alone] = daemon_config(large, {"name": "rstitch"}, per_model=quantised,
+                                           **common)  # fmt: skip
     out: dict[str, Any] = {}
     for name, (model, draft) in LLAMA.items():
         if name in chosen:
